@@ -1,0 +1,122 @@
+"""The batch object every stage of the RL step reads and writes.
+
+A :class:`Batch` holds
+
+* ``tensors``: a :class:`tensordict.TensorDict` whose entries all share the leading
+  batch dimension, e.g. ``input_ids (batch, prompt_len + response_len)``,
+  ``responses (batch, response_len)``, ``response_mask (batch, response_len)``,
+  ``old_log_probs (batch, response_len)`` (float32, nats);
+* ``non_tensor``: per-sample Python objects as 1-D ``numpy`` object arrays of the same
+  length, e.g. ``data_source``, ``ground_truth``, ``extra_info``, ``uid`` (group id);
+* ``meta``: batch-wide values (e.g. the sampling temperature used for the rollout).
+
+Standard tensor keys (verl's names):
+    prompts, responses, input_ids, attention_mask, position_ids, response_mask,
+    token_level_scores, token_level_rewards, old_log_probs, ref_log_prob, values,
+    advantages, returns, entropys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+
+def _as_object_array(values: Sequence[Any]) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        arr[i] = v
+    return arr
+
+
+@dataclass
+class Batch:
+    """Token tensors of shape ``(batch, ...)`` plus per-sample non-tensor fields."""
+
+    tensors: TensorDict
+    non_tensor: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: dict[str, torch.Tensor] | None = None,
+        non_tensor: dict[str, Sequence[Any]] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Batch:
+        """Build a batch; all tensors and non-tensor lists must share their first dimension.
+
+        Raises:
+            ValueError: if the lengths differ.
+        """
+        tensors = tensors or {}
+        non_tensor = {k: _as_object_array(v) for k, v in (non_tensor or {}).items()}
+        sizes = {int(t.shape[0]) for t in tensors.values()} | {len(v) for v in non_tensor.values()}
+        if len(sizes) > 1:
+            raise ValueError(f"batch fields have different lengths: {sorted(sizes)}")
+        n = sizes.pop() if sizes else 0
+        td = TensorDict(dict(tensors), batch_size=[n])
+        return cls(td, non_tensor, dict(meta or {}))
+
+    def __len__(self) -> int:
+        return int(self.tensors.batch_size[0]) if self.tensors.batch_dims else 0
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self.tensors[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors.keys() or key in self.non_tensor
+
+    def select(self, index: torch.Tensor | np.ndarray | Sequence[int] | slice) -> Batch:
+        """Return the rows in ``index`` (a slice, or integer indices), as a new batch."""
+        if isinstance(index, slice):
+            idx = np.arange(len(self))[index]
+        else:
+            idx = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index, dtype=np.int64)
+        t_idx = torch.as_tensor(idx, dtype=torch.long)
+        return Batch(
+            self.tensors[t_idx],
+            {k: v[idx] for k, v in self.non_tensor.items()},
+            dict(self.meta),
+        )
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive chunks of ``size`` rows (the last may be smaller)."""
+        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def repeat_interleave(self, repeats: int) -> Batch:
+        """Repeat every row ``repeats`` times in place: ``[a, b] -> [a, a, b, b]``."""
+        idx = np.repeat(np.arange(len(self)), repeats)
+        return self.select(idx)
+
+    def union(self, other: Batch) -> Batch:
+        """Add the fields of ``other`` (same length) to this batch, in place; returns self."""
+        if len(other) != len(self):
+            raise ValueError(f"cannot union batches of length {len(self)} and {len(other)}")
+        for k in other.tensors.keys():
+            self.tensors[k] = other.tensors[k]
+        self.non_tensor.update(other.non_tensor)
+        self.meta.update(other.meta)
+        return self
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Move the tensors to ``device`` (non-tensor fields are unchanged)."""
+        return Batch(self.tensors.to(device), self.non_tensor, self.meta)
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Concatenate batches with the same keys along the batch dimension."""
+        if not batches:
+            raise ValueError("cannot concatenate an empty list of batches")
+        td = torch.cat([b.tensors for b in batches], dim=0)
+        keys = batches[0].non_tensor.keys()
+        nt = {k: np.concatenate([b.non_tensor[k] for b in batches]) for k in keys}
+        return Batch(td, nt, dict(batches[0].meta))

@@ -1,0 +1,30 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad config key, a missing file, a malformed row, a
+broken custom reward function) raises a subclass of :class:`RLForgeError` whose message
+names the key, file or row and says what to change.  The CLI prints that one message
+and exits with status 2, without a traceback.  Anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class RLForgeError(Exception):
+    """Base class of errors caused by user input; the CLI prints only the message."""
+
+
+class ConfigError(RLForgeError, ValueError):
+    """A config key, value or combination of values is invalid."""
+
+
+class DataError(RLForgeError, ValueError):
+    """A data file is missing or unreadable, or a row is malformed."""
+
+
+class ModelError(RLForgeError, ValueError):
+    """A model path or preset cannot be loaded."""
+
+
+class RewardError(RLForgeError, ValueError):
+    """A reward function is missing, raises, or returns something that is not a number."""
