@@ -1,0 +1,149 @@
+"""Advantage estimators, selected by ``algorithm.adv_estimator``.
+
+Every estimator is one function registered in :data:`ADV_ESTIMATORS` with the signature
+``fn(inputs: AdvantageInputs, config) -> (advantages (B, R), returns (B, R))`` where ``config``
+is the ``algorithm`` config section (read by verl attribute names).  New estimators (rloo,
+reinforce++, ...) add optional fields to :class:`AdvantageInputs`; the caller only ever runs
+``compute_advantage(inputs, config)``.
+
+Deviations from verl (``verl/trainer/ppo/core_algos.py``):
+* ``gae`` and ``grpo`` return zeros at masked positions for both advantages and returns
+  (verl leaves the carried-over values there; every loss masks them anyway).
+* ``grpo`` groups with one vectorized scatter instead of a Python loop over samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlforge.errors import ConfigError
+from rlforge.registry import Registry
+
+from .utils import masked_whiten
+
+GRPO_EPS = 1e-6
+
+
+@dataclass
+class AdvantageInputs:
+    """Everything an advantage estimator may read.
+
+    Attributes:
+        token_level_rewards: (B, R) float rewards per response token (outcome rewards sit on the
+            last valid token; KL-in-reward already subtracted).
+        response_mask: (B, R) 1 for real response tokens, 0 for padding / observation tokens.
+        index: (B,) group ids (the prompt ``uid`` strings); responses to one prompt share an id.
+            Needed by group estimators (grpo, rloo, ...); None otherwise.
+        values: (B, R) critic values V(s_t); needed by ``gae`` only.
+    """
+
+    token_level_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    index: np.ndarray | None = None
+    values: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        shape = self.token_level_rewards.shape
+        if self.token_level_rewards.dim() != 2 or self.response_mask.shape != shape:
+            raise ValueError(
+                f"token_level_rewards {tuple(shape)} and response_mask "
+                f"{tuple(self.response_mask.shape)} must both be (batch, response_len)"
+            )
+        if self.values is not None and self.values.shape != shape:
+            raise ValueError(f"values {tuple(self.values.shape)} must match rewards {tuple(shape)}")
+        if self.index is not None and len(self.index) != shape[0]:
+            raise ValueError(f"index has {len(self.index)} entries for a batch of {shape[0]}")
+
+
+AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor]]
+
+ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.adv_estimator")
+
+
+def compute_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the estimator named by ``config.adv_estimator``; returns (advantages, returns), (B, R)."""
+    return ADV_ESTIMATORS.get(config.adv_estimator)(inputs, config)
+
+
+@ADV_ESTIMATORS.register("gae")
+@torch.no_grad()
+def compute_gae_advantage_return(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438, eq. 11-16).
+
+    Backwards over the valid tokens of each row:
+    ``delta_t = r_t + gamma * V(s_next) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_next``,
+    where "next" is the next *valid* token (masked positions, e.g. tool observations, are
+    skipped; past the last valid token V = 0 and A = 0).  ``returns = A + V`` (before whitening);
+    the advantages are then whitened over the valid tokens (:func:`masked_whiten`), as verl does.
+
+    Config: ``gamma`` (discount, per token), ``lam`` (GAE lambda).  Needs ``inputs.values``.
+
+    Returns:
+        advantages (B, R) whitened, returns (B, R); both 0 at masked positions.
+    """
+    if inputs.values is None:
+        raise ConfigError("algorithm.adv_estimator='gae' needs critic values; enable the critic")
+    rewards, mask, values = inputs.token_level_rewards, inputs.response_mask, inputs.values
+    mask = mask.to(values.dtype)
+    gamma, lam = float(config.gamma), float(config.lam)
+    next_values = torch.zeros_like(values[:, 0])
+    last_gae = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        # At a masked position keep the carried state unchanged.
+        next_values = m * values[:, t] + (1 - m) * next_values
+        last_gae = m * gae_t + (1 - m) * last_gae
+        advantages[:, t] = last_gae
+    returns = (advantages + values) * mask
+    advantages = masked_whiten(advantages, mask) * mask
+    return advantages, returns
+
+
+def _group_ids(index: np.ndarray, device: torch.device) -> torch.Tensor:
+    _, inverse = np.unique(np.asarray(index), return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=device)
+
+
+@ADV_ESTIMATORS.register("grpo")
+@torch.no_grad()
+def compute_grpo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome-supervised advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, §4.1.2).
+
+    ``score_i = sum_t r_{i,t}``; within each group (same ``index``)
+    ``A_i = (score_i - mean(group)) / (std(group) + 1e-6)``, with the *unbiased* std
+    (``torch.std``, as verl).  With ``config.norm_adv_by_std_in_grpo`` False (Dr. GRPO,
+    Liu et al. 2025) ``A_i = score_i - mean(group)``.  A group of size 1 uses mean 0 and
+    std 1 as verl does, so its advantage is ``score / (1 + 1e-6)`` (not 0).
+    ``A_i`` is broadcast to every valid token of response i.
+
+    Returns:
+        advantages (B, R), returns (B, R): the same tensor (returns = advantages), 0 where masked.
+    """
+    if inputs.index is None:
+        raise ConfigError("algorithm.adv_estimator='grpo' needs the prompt uid index of each response")
+    mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
+    scores = inputs.token_level_rewards.sum(dim=-1)
+    gid = _group_ids(inputs.index, scores.device)
+    num_groups = int(gid.max()) + 1 if gid.numel() else 0
+    count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, gid, torch.ones_like(scores)
+    )
+    mean = torch.zeros_like(count).index_add_(0, gid, scores) / count
+    sq_dev = torch.zeros_like(count).index_add_(0, gid, (scores - mean[gid]) ** 2)
+    std = (sq_dev / (count - 1).clamp_min(1.0)).sqrt()
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean[gid]
+    if config.norm_adv_by_std_in_grpo:
+        adv = adv / (std[gid] + GRPO_EPS)
+    advantages = adv.unsqueeze(-1) * mask
+    return advantages, advantages

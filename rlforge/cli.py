@@ -1,0 +1,94 @@
+"""``rlforge`` command line: thin parsing and dispatch.
+
+    rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value ...]
+    rlforge data gsm8k --src DIR --out DIR
+
+``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
+(``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  A user mistake prints
+one ``rlforge: error: ...`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+from rlforge.errors import RLForgeError
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    print(f"rlforge: warning: {message}", file=sys.stderr, flush=True)
+
+
+def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool) -> int:
+    """Load, validate and run (or print) a training job; returns the exit status."""
+    from rlforge.config import effective_loggers, format_config, load_config, validate_config
+
+    cfg = load_config(list(overrides), config_file=config_file, job=job)
+    for w in validate_config(cfg):
+        print(f"rlforge: warning: {w}", file=sys.stderr, flush=True)
+    if print_config:
+        print(format_config(cfg))
+        return 0
+    from rlforge.trainer.ppo_trainer import PPOTrainer
+
+    PPOTrainer(cfg, effective_loggers(cfg)).fit()
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlforge", description="RL post-training of LLMs (verl-compatible config).")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="run an RL training job", description="Run an RL training job. "
+                       "Overrides use verl's keys: a.b.c=value, +a.b=value, trainer.logger=[console,file].")
+    t.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
+    t.add_argument("--job", default="default", help="embedded job to start from ('none' = verl defaults only)")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("overrides", nargs="*", help="key=value overrides")
+    d = sub.add_parser("data", help="prepare datasets")
+    dsub = d.add_subparsers(dest="dataset", required=True)
+    g = dsub.add_parser("gsm8k", help="convert the official GSM8K jsonl files to verl-format parquet")
+    g.add_argument("--src", required=True, help="folder with train.jsonl and test.jsonl")
+    g.add_argument("--out", required=True, help="output folder for train.parquet and test.parquet")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlforge`` console script."""
+    args = _build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
+    _quiet_libraries()
+    try:
+        if args.command == "train":
+            job = None if args.job in ("none", "") else args.job
+            return run_train(args.overrides, args.config_file, job, args.print_config)
+        if args.command == "data":
+            from rlforge.data import convert_gsm8k
+
+            counts = convert_gsm8k(args.src, args.out)
+            for split, n in counts.items():
+                print(f"wrote {n} rows to {os.path.join(args.out, split + '.parquet')}")
+            return 0
+    except RLForgeError as e:
+        print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("rlforge: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""``actor_rollout_ref.*``: the policy model, its actor (trainer), reference and rollout.
+
+verl key names and defaults.  ``model`` is shared by actor, ref and rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import II
+
+from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig
+from rlforge.config.rollout import RolloutConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""rlforge's short name of its default policy model (a preset resolved by ``rlforge.models``)."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (``actor_rollout_ref.model``)."""
+
+    path: str = DEFAULT_MODEL
+    """HF folder, hub id, GGUF file or rlforge preset name.  verl's default is a 7B path; rlforge uses its small preset."""
+    tokenizer_path: str | None = None
+    """Tokenizer location; None = same as ``path`` (for presets, the preset's tokenizer)."""
+    custom_chat_template: str | None = None
+    """Jinja chat template replacing the tokenizer's; None = tokenizer's own."""
+    use_shm: bool = False
+    """Copy weights to shared memory before loading (accepted; no effect)."""
+    external_lib: str | None = None
+    """Python module imported before loading the model (registers custom architectures); None = none."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Free-form overrides of the HF model config (e.g. ``attention_dropout``)."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory."""
+    enable_activation_offload: bool = False
+    """Offload activations to CPU during forward."""
+    use_remove_padding: bool = False
+    """Pack sequences without padding tokens in forward (varlen attention)."""
+    lora_rank: int = 0
+    """LoRA rank; 0 = full fine-tuning."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    target_modules: Any = "all-linear"
+    """LoRA target modules: ``all-linear`` or a list of module names."""
+    exclude_modules: Any = None
+    """Modules excluded from LoRA (regex or list); None = none."""
+    use_liger: bool = False
+    """Use Liger kernels."""
+    use_fused_kernels: bool = False
+    """Fused log-prob/entropy kernels from the LM head."""
+    fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
+    """Free-form options of the fused kernels."""
+    trust_remote_code: bool = False
+    """Allow model code from the repository to run."""
+
+
+@dataclass
+class PolicyLossConfig:
+    """Policy-loss variant (``actor.policy_loss``)."""
+
+    loss_mode: str = "vanilla"
+    """Policy-loss registry name: ``vanilla`` (PPO clip), ``gspo``, ``clip_cov``, ``kl_cov``, ``gpg``, ..."""
+    clip_cov_ratio: float = 0.0002
+    """Fraction of tokens clipped in ``clip_cov``."""
+    clip_cov_lb: float = 1.0
+    """Lower covariance bound in ``clip_cov``."""
+    clip_cov_ub: float = 5.0
+    """Upper covariance bound in ``clip_cov``."""
+    kl_cov_ratio: float = 0.0002
+    """Fraction of tokens penalised in ``kl_cov``."""
+    ppo_kl_coef: float = 0.1
+    """KL coefficient in ``kl_cov``."""
+
+
+@dataclass
+class ActorConfig:
+    """Policy training (``actor_rollout_ref.actor``)."""
+
+    strategy: str = "fsdp"
+    """Training engine: ``fsdp`` | ``fsdp2`` | ``megatron``."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per optimizer step (each with ``rollout.n`` responses)."""
+    ppo_micro_batch_size: int | None = None
+    """Deprecated global micro batch; use ``ppo_micro_batch_size_per_gpu``.  None = unset."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    """Sequences per forward/backward (gradient accumulation unit); None = whole mini batch."""
+    use_dynamic_bsz: bool = False
+    """Pack micro batches by token count (``ppo_max_token_len_per_gpu``) instead of sequence count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget per packed micro batch (tokens)."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (L2); <= 0 = no clipping."""
+    clip_ratio: float = 0.2
+    """PPO clip epsilon (used when the low/high values are not set apart)."""
+    clip_ratio_low: float = 0.2
+    """Lower clip epsilon: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (> 1)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Policy-loss variant."""
+    loss_agg_mode: str = "token-mean"
+    """Loss aggregation: ``token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient; 0 = off."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || ref) loss term (GRPO style) instead of a KL reward penalty."""
+    use_torch_compile: bool = True
+    """torch.compile the log-prob/entropy helpers."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of that KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: ``kl`` (k1) | ``abs`` | ``mse`` (k2) | ``low_var_kl`` (k3) | ``full``."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    shuffle: bool = False
+    """Shuffle the rollout batch before splitting into mini batches."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence-parallel degree; 1 = off."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compute entropy in chunks to save memory."""
+    entropy_checkpointing: bool = False
+    """Recompute entropy in backward to save memory."""
+    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
+    """Defaults to ``model.use_remove_padding``."""
+    use_fused_kernels: bool = II("actor_rollout_ref.model.use_fused_kernels")
+    """Defaults to ``model.use_fused_kernels``."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint contents."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule (verl default lr 1e-6)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP settings (``strategy`` fsdp/fsdp2)."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Megatron settings (``strategy=megatron``)."""
+    profiler: dict[str, Any] = field(default_factory=dict)
+    """Free-form profiler settings (verl ``profiler.*``)."""
+
+
+@dataclass
+class RefConfig:
+    """Frozen reference policy for KL (``actor_rollout_ref.ref``)."""
+
+    strategy: str = II("actor_rollout_ref.actor.strategy")
+    """Engine; defaults to ``actor.strategy``."""
+    use_torch_compile: bool = II("actor_rollout_ref.actor.use_torch_compile")
+    """Defaults to ``actor.use_torch_compile``."""
+    log_prob_micro_batch_size: int | None = None
+    """Deprecated global micro batch; use the ``_per_gpu`` key.  None = unset."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Sequences per reference forward pass; None = whole batch."""
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    """Pack by tokens; defaults to ``actor.use_dynamic_bsz``."""
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    """Token budget per packed micro batch (tokens); defaults to the actor's."""
+    ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    """Defaults to ``actor.ulysses_sequence_parallel_size``."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compute entropy in chunks to save memory."""
+    entropy_checkpointing: bool = False
+    """Recompute entropy in backward."""
+    model: dict[str, Any] | None = None
+    """Separate reference model settings; None = same as ``actor_rollout_ref.model``."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP settings."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Megatron settings."""
+    profiler: dict[str, Any] = field(default_factory=dict)
+    """Free-form profiler settings."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """The policy group: one model used by actor, ref and rollout."""
+
+    hybrid_engine: bool = True
+    """Actor and rollout share devices and weights (the only mode rlforge runs)."""
+    nccl_timeout: int = 600
+    """Collective timeout (seconds)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy training."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Reference policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""

@@ -1,0 +1,98 @@
+"""``data.*``: datasets, prompt/response lengths and batch sizes (verl key names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BuiltinTaskConfig:
+    """rlforge addition: generated tasks selected with ``data.train_files=builtin:<task>``."""
+
+    difficulty: int = 1
+    """Task difficulty level (>= 1; e.g. number of operands for ``arithmetic``)."""
+    train_size: int = 2000
+    """Number of generated training prompts."""
+    val_size: int = 64
+    """Number of generated validation prompts."""
+
+
+@dataclass
+class CustomClsConfig:
+    """A user dataset class loaded from a file."""
+
+    path: str | None = None
+    """Python file holding the class; None = rlforge's built-in dataset."""
+    name: str | None = None
+    """Class name inside ``path``."""
+
+
+@dataclass
+class DataConfig:
+    """Training and validation data."""
+
+    tokenizer: str | None = None
+    """Tokenizer name or path; None = the actor model's tokenizer."""
+    use_shm: bool = False
+    """Copy data to shared memory before loading (accepted; no effect in rlforge)."""
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"
+    """Training file(s): a path or list of paths (parquet/jsonl), or ``builtin:<task>``."""
+    val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
+    """Validation file(s): a path or list of paths, or ``builtin:<task>``."""
+    train_max_samples: int = -1
+    """Use at most this many training rows (random subset); -1 = all."""
+    val_max_samples: int = -1
+    """Use at most this many validation rows (random subset); -1 = all."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (chat messages list or string)."""
+    reward_fn_key: str = "data_source"
+    """Column selecting the reward function per row."""
+    max_prompt_length: int = 512
+    """Maximum prompt length in tokens; prompts are left-padded to it."""
+    max_response_length: int = 512
+    """Maximum generated response length in tokens."""
+    train_batch_size: int = 1024
+    """Prompts per training step (before ``rollout.n`` responses each)."""
+    val_batch_size: int | None = None
+    """Prompts per validation batch; None = the whole validation set in one batch."""
+    tool_config_path: str | None = None
+    """Tool config used to count tool tokens in prompt length; None = no tools."""
+    return_raw_input_ids: bool = False
+    """Also return prompt ids without the chat template (for a reward model with another template)."""
+    return_raw_chat: bool = False
+    """Also return the prompt messages before the chat template is applied."""
+    return_full_prompt: bool = False
+    """Also return the prompt text with the chat template applied."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch."""
+    seed: int | None = 1
+    """Seed of the training-set shuffle.  verl's YAML has ``null`` and its sampler then uses 1; None is treated as 1."""
+    dataloader_num_workers: int = 8
+    """DataLoader worker processes (0 = load in the main process)."""
+    validation_shuffle: bool = False
+    """Shuffle the validation set."""
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than ``max_prompt_length`` tokens at load time."""
+    filter_overlong_prompts_workers: int = 1
+    """Processes used for that filtering."""
+    truncation: str = "error"
+    """Over-long prompt handling: ``error`` | ``left`` | ``right`` | ``middle``."""
+    image_key: str = "images"
+    """Column holding images (multi-modal data)."""
+    video_key: str = "videos"
+    """Column holding videos (multi-modal data)."""
+    trust_remote_code: bool = False
+    """Allow tokenizer code from the model repository to run."""
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+    """User dataset class."""
+    return_multi_modal_inputs: bool = True
+    """Return processed multi-modal inputs with each row."""
+    sampler: dict[str, Any] = field(default_factory=lambda: {"class_path": None, "class_name": None})
+    """Curriculum sampler (``class_path``, ``class_name``); None values = default sampler."""
+    datagen: dict[str, Any] = field(default_factory=lambda: {"path": None, "name": None})
+    """Dynamic data generator (``path``, ``name``); None values = none."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``tokenizer.apply_chat_template``."""
+    builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)
+    """rlforge addition: settings of built-in generated tasks."""

@@ -1,0 +1,112 @@
+"""``actor_rollout_ref.rollout.*``: generation settings (verl key names and defaults).
+
+This build generates with the ``hf`` backend in one process; vLLM/SGLang keys are accepted so
+verl command lines run unchanged, and :mod:`rlforge.config.later_work` warns when they would matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import II
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling used for validation (``rollout.val_kwargs``)."""
+
+    top_k: int = -1
+    """Top-k cutoff; -1 = off."""
+    top_p: float = 1.0
+    """Nucleus cutoff; 1.0 = off."""
+    temperature: float = 0.0
+    """Softmax temperature; 0.0 = greedy."""
+    n: int = 1
+    """Responses per validation prompt."""
+    do_sample: bool = False
+    """Sample (True) or decode greedily (False)."""
+
+
+@dataclass
+class RolloutConfig:
+    """Generation of responses during training."""
+
+    name: str = "vllm"
+    """Backend: ``hf`` (available here) | ``vllm`` | ``sglang`` (accepted, replaced by ``hf`` with a warning)."""
+    mode: str = "async"
+    """``sync`` | ``async`` server mode of the backend (no effect with ``hf``)."""
+    temperature: float = 1.0
+    """Softmax temperature for training rollouts."""
+    top_k: int = -1
+    """Top-k cutoff; -1 = off."""
+    top_p: float = 1.0
+    """Nucleus cutoff; 1.0 = off."""
+    prompt_length: int = II("data.max_prompt_length")
+    """Prompt length in tokens; defaults to ``data.max_prompt_length``."""
+    response_length: int = II("data.max_response_length")
+    """Maximum new tokens per response; defaults to ``data.max_response_length``."""
+    dtype: str = "bfloat16"
+    """Dtype of the rollout model weights: ``bfloat16`` | ``float16`` | ``float32``."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory the backend may reserve (vLLM/SGLang only)."""
+    ignore_eos: bool = False
+    """Keep generating past EOS until ``response_length``."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs in the backend."""
+    cudagraph_capture_sizes: Any = None
+    """Batch sizes captured as CUDA graphs (list of int); None = backend default."""
+    free_cache_engine: bool = True
+    """Release the KV cache after each rollout."""
+    load_format: str = "dummy_dtensor"
+    """How the backend receives initial weights (vLLM only)."""
+    layered_summon: bool = False
+    """Gather FSDP weights layer by layer when syncing to the backend."""
+    tensor_model_parallel_size: int = 2
+    """Tensor-parallel degree of the rollout engine."""
+    max_num_batched_tokens: int = 8192
+    """Maximum tokens in one scheduler step of the backend."""
+    max_model_len: int | None = None
+    """Maximum sequence length of the backend; None = prompt_length + response_length."""
+    max_num_seqs: int = 1024
+    """Maximum concurrent sequences in the backend."""
+    log_prob_micro_batch_size: int | None = None
+    """Deprecated global micro batch for old log-prob recomputation; use the ``_per_gpu`` key.  None = unset."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Sequences per forward pass when recomputing old log-probs; None = whole batch."""
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    """Pack micro batches by token count instead; defaults to ``actor.use_dynamic_bsz``."""
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    """Token budget per packed micro batch (tokens); defaults to ``actor.ppo_max_token_len_per_gpu``."""
+    disable_log_stats: bool = True
+    """Silence the backend's periodic statistics."""
+    enable_chunked_prefill: bool = True
+    """Chunked prefill in the backend."""
+    do_sample: bool = True
+    """Sample (True) or decode greedily (False) during training."""
+    n: int = 1
+    """Responses generated per prompt (group size for GRPO)."""
+    over_sample_rate: float = 0.0
+    """Fraction of extra requests issued and cancelled to cut tail latency; 0 = off."""
+    multi_stage_wake_up: bool = False
+    """Load backend weights and KV cache in stages to lower peak memory."""
+    calculate_log_probs: bool = False
+    """Return the rollout's own log-probs with each response (for debugging/correction)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
+    """Free-form backend keyword arguments, per backend name."""
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling used for validation."""
+    multi_turn: dict[str, Any] = field(default_factory=lambda: {"enable": False})
+    """Free-form multi-turn/tool settings (verl ``multi_turn.*``); ``enable: False`` = single turn."""
+    agent: dict[str, Any] = field(default_factory=dict)
+    """Free-form agent-loop settings (verl ``agent.*``)."""
+    trace: dict[str, Any] = field(default_factory=dict)
+    """Free-form rollout tracing settings (verl ``trace.*``)."""
+    profiler: dict[str, Any] = field(default_factory=dict)
+    """Free-form profiler settings (verl ``profiler.*``)."""
+    update_weights_bucket_megabytes: int = 512
+    """Bucket size for weight sync to the backend (MiB)."""
+    skip_rollout: bool = False
+    """Replay dumped rollouts from ``skip_dump_dir`` instead of generating (debugging)."""
+    skip_dump_dir: str = "/tmp/rollout_dump"
+    """Directory of those dumps."""

@@ -1,0 +1,39 @@
+"""The root of the config tree, mirroring verl's ``ppo_trainer.yaml``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlforge.config.actor import ActorRolloutRefConfig
+from rlforge.config.algorithm import AlgorithmConfig
+from rlforge.config.critic import CriticConfig
+from rlforge.config.data import DataConfig
+from rlforge.config.reward import CustomRewardFunctionConfig, RewardModelConfig
+from rlforge.config.trainer import TrainerConfig
+
+
+@dataclass
+class RLForgeConfig:
+    """Everything one ``rlforge train`` run reads.  Build it with :func:`rlforge.config.load_config`."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets, lengths and batch sizes."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy model, its training, reference and rollout."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (GAE only)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Model-based reward and reward manager."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """User reward function."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator and KL control."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run loop, logging, checkpoints."""
+    global_profiler: dict[str, Any] = field(default_factory=dict)
+    """Free-form verl profiler settings (accepted; not used)."""
+    ray_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Free-form verl Ray settings (accepted; rlforge does not use Ray)."""
+    ray_init: dict[str, Any] = field(default_factory=dict)
+    """Older verl name of ``ray_kwargs.ray_init`` (accepted; not used)."""

@@ -1,0 +1,66 @@
+"""``trainer.*``: the run loop, logging, checkpoints and devices (verl key names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainerConfig:
+    """Run-level settings."""
+
+    balance_batch: bool = True
+    """Reorder the batch so data-parallel ranks get similar token counts."""
+    total_epochs: int = 30
+    """Passes over the training set (ignored once ``total_training_steps`` is reached)."""
+    total_training_steps: int | None = None
+    """Stop after this many steps; None = ``total_epochs`` x batches per epoch."""
+    project_name: str = "rlforge"
+    """Project name for loggers and checkpoint paths (verl: ``verl_examples``)."""
+    experiment_name: str = "default"
+    """Run name for loggers and checkpoint paths (verl: ``gsm8k``)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Loggers: ``console`` | ``file`` (JSONL) here; ``wandb``/``mlflow``/``tensorboard`` are skipped with a warning.
+    verl defaults to ``[console, wandb]``; rlforge defaults to ``[console]``."""
+    log_val_generations: int = 0
+    """Validation samples (prompt, response, score) logged per validation; 0 = none."""
+    rollout_data_dir: str | None = None
+    """Dump training rollouts as JSONL here; None = no dump."""
+    validation_data_dir: str | None = None
+    """Dump validation generations as JSONL here; None = no dump."""
+    nnodes: int = 1
+    """Number of machines."""
+    n_gpus_per_node: int = 1
+    """Devices per machine (verl: 8; this build uses one)."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps; -1 = no periodic saves."""
+    esi_redundant_time: int = 0
+    """Seconds reserved before an expected preemption to save a last checkpoint."""
+    resume_mode: str = "auto"
+    """``auto`` (latest in ``default_local_dir`` if any) | ``disable`` | ``resume_path`` (use ``resume_from_path``)."""
+    resume_from_path: str | None = None
+    """Checkpoint folder for ``resume_mode=resume_path``; None = unset."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_only: bool = False
+    """Validate and exit without training."""
+    test_freq: int = -1
+    """Validate every this many steps; -1 = never during training."""
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts."""
+    default_hdfs_dir: str | None = None
+    """Remote checkpoint copy location; None = none (accepted; not used)."""
+    del_local_ckpt_after_load: bool = False
+    """Delete the local checkpoint after resuming from it."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoint directory."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Keep at most this many actor checkpoints; None = all."""
+    max_critic_ckpt_to_keep: int | None = None
+    """Keep at most this many critic checkpoints; None = all."""
+    ray_wait_register_center_timeout: int = 300
+    """Seconds to wait for Ray workers (accepted; rlforge does not use Ray)."""
+    device: str = "auto"
+    """``auto`` (cuda if available else cpu) | ``cuda`` | ``cuda:<i>`` | ``cpu``.  rlforge addition; verl's default is ``cuda``."""
+    use_legacy_worker_impl: str = "auto"
+    """verl worker implementation switch (accepted; no effect)."""

@@ -1,0 +1,147 @@
+"""Cross-field checks of a loaded :class:`RLForgeConfig`.
+
+:func:`validate_config` raises :class:`ConfigError` on the first error (naming the keys and
+the fix) and returns warning lines for settings that are accepted but do not take effect.
+
+Deviation from verl: verl requires one of ``ppo_micro_batch_size`` /
+``ppo_micro_batch_size_per_gpu`` when ``use_dynamic_bsz`` is off; rlforge treats both unset as
+"one micro batch = the whole mini batch".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
+from rlforge.config.root import RLForgeConfig
+from rlforge.errors import ConfigError
+
+__all__ = ["CHOICES", "effective_loggers", "uses_critic", "validate_config"]
+
+_ARR = "actor_rollout_ref"
+_LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+_STRATEGIES = ("fsdp", "fsdp2", "megatron")
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.truncation": ("error", "left", "right", "middle"),
+    f"{_ARR}.actor.loss_agg_mode": _LOSS_AGG,
+    "critic.loss_agg_mode": _LOSS_AGG,
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    f"{_ARR}.actor.optim.lr_scheduler_type": ("constant", "cosine"),
+    "critic.optim.lr_scheduler_type": ("constant", "cosine"),
+    f"{_ARR}.actor.kl_loss_type": _KL,
+    "algorithm.kl_penalty": _KL,
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    f"{_ARR}.actor.strategy": _STRATEGIES,
+    "critic.strategy": _STRATEGIES,
+}
+"""Keys whose value must be one of a fixed set (registry-backed keys are checked by their registry)."""
+
+_GROUP_ESTIMATORS = ("grpo", "rloo")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def uses_critic(cfg: RLForgeConfig) -> bool:
+    """Whether the run trains a critic: ``critic.enable`` if set, else ``adv_estimator == 'gae'``."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def validate_config(cfg: RLForgeConfig) -> list[str]:
+    """Check cross-field constraints; return warnings (one line each).
+
+    Raises:
+        ConfigError: a value outside its allowed set, a non-positive size, batch sizes that
+            do not divide, a missing ``critic.model.path`` for GAE, a bad ``trainer.device``.
+    """
+    _check_choices(cfg)
+    _check_sizes(cfg)
+    n = cfg.actor_rollout_ref.rollout.n
+    actor = cfg.actor_rollout_ref.actor
+    _check_batching(f"{_ARR}.actor", cfg.data.train_batch_size, actor.ppo_mini_batch_size,
+                    actor.ppo_micro_batch_size, actor.ppo_micro_batch_size_per_gpu, n)
+    if uses_critic(cfg):
+        critic = cfg.critic
+        if critic.model.path is None:
+            raise ConfigError(
+                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains a critic but critic.model.path is "
+                f"not set; set critic.model.path (e.g. critic.model.path={cfg.actor_rollout_ref.model.path})"
+            )
+        _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
+                        critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
+    if not _DEVICE.match(cfg.trainer.device):
+        raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
+    if actor.clip_ratio_c <= 1.0:
+        raise ConfigError(f"{_ARR}.actor.clip_ratio_c={actor.clip_ratio_c}: the dual-clip constant must be > 1.0")
+    return _warnings(cfg)
+
+
+def _check_choices(cfg: RLForgeConfig) -> None:
+    for key, allowed in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key} to one of them")
+
+
+def _check_sizes(cfg: RLForgeConfig) -> None:
+    arr = cfg.actor_rollout_ref
+    positive: dict[str, Any] = {
+        "data.train_batch_size": cfg.data.train_batch_size,
+        "data.val_batch_size": cfg.data.val_batch_size,
+        "data.max_prompt_length": cfg.data.max_prompt_length,
+        "data.max_response_length": cfg.data.max_response_length,
+        f"{_ARR}.actor.ppo_mini_batch_size": arr.actor.ppo_mini_batch_size,
+        f"{_ARR}.actor.ppo_micro_batch_size": arr.actor.ppo_micro_batch_size,
+        f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": arr.actor.ppo_micro_batch_size_per_gpu,
+        f"{_ARR}.actor.ppo_epochs": arr.actor.ppo_epochs,
+        f"{_ARR}.rollout.n": arr.rollout.n,
+        f"{_ARR}.rollout.val_kwargs.n": arr.rollout.val_kwargs.n,
+        f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": arr.rollout.log_prob_micro_batch_size_per_gpu,
+        f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
+        "trainer.total_training_steps": cfg.trainer.total_training_steps,
+        "trainer.total_epochs": cfg.trainer.total_epochs,
+        "data.builtin.train_size": cfg.data.builtin.train_size,
+        "data.builtin.val_size": cfg.data.builtin.val_size,
+        "data.builtin.difficulty": cfg.data.builtin.difficulty,
+    }
+    for key, value in positive.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value}: must be >= 1 (or null where the key allows it)")
+
+
+def _check_batching(role: str, train_bs: int, mini: int, micro_global: int | None, micro: int | None, n: int) -> None:
+    """Mini batches count prompts; micro batches count sequences (prompts x ``rollout.n``)."""
+    if micro_global is not None and micro is not None:
+        raise ConfigError(f"{role}.ppo_micro_batch_size and {role}.ppo_micro_batch_size_per_gpu are both set; "
+                          f"set only {role}.ppo_micro_batch_size_per_gpu")
+    if mini > train_bs:
+        raise ConfigError(f"{role}.ppo_mini_batch_size={mini} is larger than data.train_batch_size={train_bs}; "
+                          f"lower {role}.ppo_mini_batch_size or raise data.train_batch_size")
+    if train_bs % mini:
+        raise ConfigError(f"data.train_batch_size={train_bs} is not divisible by {role}.ppo_mini_batch_size={mini}; "
+                          f"make data.train_batch_size a multiple of {role}.ppo_mini_batch_size")
+    micro = micro if micro is not None else micro_global
+    if micro is not None and (mini * n) % micro:
+        raise ConfigError(
+            f"{role}.ppo_mini_batch_size * {_ARR}.rollout.n = {mini} * {n} = {mini * n} sequences is not divisible by "
+            f"{role}.ppo_micro_batch_size_per_gpu={micro}; pick a micro batch size that divides {mini * n}"
+        )
+
+
+def _warnings(cfg: RLForgeConfig) -> list[str]:
+    out: list[str] = []
+    n = cfg.actor_rollout_ref.rollout.n
+    if cfg.algorithm.adv_estimator in _GROUP_ESTIMATORS and n == 1:
+        out.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} with {_ARR}.rollout.n=1: every group has one "
+                   f"response, so all advantages are 0; set {_ARR}.rollout.n>=2")
+    if cfg.algorithm.use_kl_in_reward and cfg.actor_rollout_ref.actor.use_kl_loss:
+        out.append("algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both on: KL is penalised twice")
+    for key in (f"{_ARR}.actor.ppo_micro_batch_size", "critic.ppo_micro_batch_size"):
+        if get_key(cfg, key) is not None:
+            out.append(f"{key} is deprecated; use {key}_per_gpu (in this single-process build they mean the same)")
+    return out + later_work_warnings(cfg)

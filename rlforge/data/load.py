@@ -1,0 +1,82 @@
+"""Build an :class:`RLDataset` from ``data.*`` config values (verl's keys).
+
+``files`` entries are parquet/jsonl paths or ``builtin:<task>`` (e.g. ``builtin:arithmetic``),
+which generates ``data.builtin.train_size`` / ``val_size`` rows at ``data.builtin.difficulty``
+from ``data.seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rlforge.data.dataset import RLDataset
+from rlforge.data.readers import as_file_list, read_rows
+from rlforge.data.tasks import BUILTIN_TASKS
+from rlforge.errors import ConfigError
+
+DEFAULT_SEED = 1  # verl's dataloader uses seed 1 when data.seed is unset
+
+
+def _builtin_rows(name: str, data_cfg: Any, split: str) -> list[dict[str, Any]]:
+    builtin = data_cfg.builtin
+    size = builtin.train_size if split == "train" else builtin.val_size
+    seed = data_cfg.seed if data_cfg.seed is not None else DEFAULT_SEED
+    task = BUILTIN_TASKS.get(name)
+    return task(split=split, size=int(size), difficulty=int(builtin.difficulty), seed=int(seed))
+
+
+def load_rows(
+    files: str | Sequence[str], data_cfg: Any, split: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows and their origins (``"<file> row <i>"``) from files and built-in tasks, in order.
+
+    Raises:
+        DataError: missing/unreadable files (see :mod:`rlforge.data.readers`).
+        ConfigError: unknown ``builtin:<task>`` or bad ``data.builtin.*`` values.
+    """
+    key = "data.train_files" if split == "train" else "data.val_files"
+    rows: list[dict[str, Any]] = []
+    origins: list[str] = []
+    for entry in as_file_list(files, key):
+        if entry.startswith("builtin:"):
+            name = entry.split(":", 1)[1]
+            new = _builtin_rows(name, data_cfg, split)
+            rows.extend(new)
+            origins.extend(f"{entry} ({split}) row {i}" for i in range(len(new)))
+        else:
+            new, new_origins = read_rows([entry])
+            rows.extend(new)
+            origins.extend(new_origins)
+    return rows, origins
+
+
+def load_rl_dataset(
+    files: str | Sequence[str], tokenizer: Any, data_cfg: Any, split: str = "train"
+) -> RLDataset:
+    """Read ``files`` and tokenize them into an :class:`RLDataset`.
+
+    Args:
+        files: ``data.train_files`` or ``data.val_files`` (one path, a list, or ``builtin:<task>``).
+        tokenizer: Hugging Face tokenizer with a chat template.
+        data_cfg: object with verl's ``data.*`` attributes: ``prompt_key``,
+            ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``seed`` and
+            ``builtin.{difficulty, train_size, val_size}``.
+        split: ``"train"`` or ``"val"``; picks the built-in split and the key named in errors.
+
+    Raises:
+        DataError, ConfigError: see :func:`load_rows` and :class:`RLDataset`.
+    """
+    if split not in ("train", "val"):
+        raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
+    rows, origins = load_rows(files, data_cfg, split)
+    return RLDataset(
+        rows,
+        tokenizer,
+        max_prompt_length=int(data_cfg.max_prompt_length),
+        truncation=str(data_cfg.truncation),
+        filter_overlong_prompts=bool(data_cfg.filter_overlong_prompts),
+        prompt_key=str(data_cfg.prompt_key),
+        source_name="data.train_files" if split == "train" else "data.val_files",
+        origins=origins,
+    )

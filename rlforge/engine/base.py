@@ -1,0 +1,78 @@
+"""The training-engine interface.
+
+An engine owns one model's parameters, their optimizer and LR schedule, the device and
+the numeric precision.  Roles (actor, critic, reference) hand it a batch and a loss or
+forward function; the engine decides how that runs: micro-batching, gradient
+accumulation, mixed precision, gradient clipping and, in later engines, FSDP2 sharding,
+tensor/pipeline parallelism and offload.  The trainer never branches on the engine type.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlforge.batch import Batch
+from rlforge.registry import Registry
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Mini-batch totals passed to each micro-batch's loss so that the micro-batch losses
+    sum to the mini-batch loss exactly, whatever the split (see ``algorithms.agg_loss``).
+
+    ``global_num_tokens``: valid response tokens in the mini-batch;
+    ``global_num_seqs``: sequences in the mini-batch.
+    """
+
+    global_num_tokens: float
+    global_num_seqs: float
+
+
+# loss_fn(module, micro_batch, scale) -> (loss to backpropagate, metrics of this micro-batch)
+LossFn = Callable[[torch.nn.Module, Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+# forward_fn(module, micro_batch) -> dict of (micro_batch, ...) tensors
+ForwardFn = Callable[[torch.nn.Module, Batch], dict[str, torch.Tensor]]
+
+
+class TrainEngine(ABC):
+    """One model with its optimizer; see the module docstring."""
+
+    module: torch.nn.Module
+    device: torch.device
+
+    @abstractmethod
+    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        """Run ``forward_fn`` without gradients over micro-batches; concatenate the outputs on CPU."""
+
+    @abstractmethod
+    def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step on ``mini_batch`` with gradient accumulation over micro-batches.
+
+        Returns the micro-batch metrics (loss shares summed, others averaged) plus
+        ``grad_norm``.
+        """
+
+    @abstractmethod
+    def lr_scheduler_step(self) -> float:
+        """Advance the LR schedule by one RL step; return the new learning rate."""
+
+    @property
+    @abstractmethod
+    def lr(self) -> float:
+        """The current learning rate."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: ``model``, ``optimizer``, ``scheduler`` states."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output."""
+
+
+ENGINES: Registry[type[TrainEngine]] = Registry("training engine", "actor_rollout_ref.actor.strategy")

@@ -1,0 +1,124 @@
+"""Single-process engine: one CPU or one GPU, plain ``torch.nn.Module``.
+
+Parameters stay float32 (the master copy); on CUDA the forward runs under
+``torch.autocast(bfloat16)``, the same numerics FSDP2's mixed-precision policy gives.
+Gradients accumulate over micro-batches; the loss functions scale each micro-batch's
+loss by the mini-batch totals (:class:`LossScale`), so the gradient does not depend on
+the micro-batch split.  A step whose gradient norm is not finite is skipped, as in verl,
+and reported through ``grad_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from rlforge.algorithms import loss_agg_globals
+from rlforge.batch import Batch
+from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine
+
+
+def _merge_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
+    """Sum keys ending in ``loss`` (they are shares of the mini-batch loss); average the rest."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for m in per_micro:
+        for k, v in m.items():
+            acc[k].append(float(v))
+    return {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}
+
+
+@ENGINES.register("local")
+class LocalEngine(TrainEngine):
+    """Args:
+        module: the model (moved to ``device``).
+        device: ``cpu`` or ``cuda:N``.
+        optimizer, scheduler: None for a forward-only model (the reference policy).
+        grad_clip: max global gradient norm (``<= 0`` disables clipping).
+        autocast_dtype: mixed-precision dtype for the forward (None = full float32).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        device: torch.device,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        grad_clip: float = 1.0,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.module = module.to(device)
+        self.device = device
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+        self.autocast_dtype = autocast_dtype
+
+    def autocast(self) -> AbstractContextManager:
+        """The mixed-precision context for forwards."""
+        return torch.autocast(
+            self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        )
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        was_training = self.module.training
+        self.module.eval()
+        outs: dict[str, list[torch.Tensor]] = defaultdict(list)
+        try:
+            for mb in batch.split(micro_batch_size):
+                with self.autocast():
+                    res = forward_fn(self.module, mb.to(self.device))
+                for k, v in res.items():
+                    outs[k].append(v.float().cpu())
+        finally:
+            self.module.train(was_training)
+        return {k: torch.cat(v, 0) for k, v in outs.items()}
+
+    def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError("this engine has no optimizer (forward-only model)")
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        scale = LossScale(**loss_agg_globals(mini_batch["response_mask"].float()))
+        per_micro: list[dict[str, float]] = []
+        for mb in mini_batch.split(micro_batch_size):
+            with self.autocast():
+                loss, metrics = loss_fn(self.module, mb.to(self.device), scale)
+            loss.backward()
+            per_micro.append(metrics)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = _merge_metrics(per_micro)
+        out["grad_norm"] = grad_norm
+        return out
+
+    def lr_scheduler_step(self) -> float:
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return self.lr
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])

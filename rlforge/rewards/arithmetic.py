@@ -1,0 +1,37 @@
+"""Exact-match reward of the built-in ``builtin:arithmetic`` task (``rlforge/arithmetic``).
+
+The prompt asks for "only the number", so by default (``method='strict'``) the WHOLE
+response, after stripping surrounding whitespace and trailing punctuation (``. ! ,``
+and the like), must be the integer: ``"12"``, ``" 12.\n"`` and ``"12!"`` score 1.0 for
+ground truth ``"12"``; ``"The answer is 12"`` and ``"12 or 13"`` score 0.0.  Leading ``+``
+and zeros are not accepted (``"012"`` is wrong).  ``method='last_int'`` is the lenient
+variant: the last integer in the response is compared (``"7 + 5 = 12"`` scores 1.0).
+"""
+
+from __future__ import annotations
+
+import re
+
+_INT_RE = re.compile(r"-?\d+")
+_TRAILING = " \t\r\n.!?,;:。"
+
+
+def extract_answer(solution_str: str, method: str = "strict") -> str | None:
+    """The answer string of the response per ``method`` (``strict`` | ``last_int``), or None.
+
+    Raises:
+        ValueError: unknown ``method``.
+    """
+    if method == "strict":
+        text = solution_str.strip().rstrip(_TRAILING)
+        return text if re.fullmatch(r"-?\d+", text) else None
+    if method == "last_int":
+        matches = _INT_RE.findall(solution_str)
+        return matches[-1] if matches else None
+    raise ValueError(f"method must be 'strict' or 'last_int', got {method!r}")
+
+
+def compute_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
+    """1.0 if the response's answer equals ``ground_truth`` (as a string, stripped), else 0.0."""
+    answer = extract_answer(solution_str, method)
+    return 1.0 if answer is not None and answer == str(ground_truth).strip() else 0.0

@@ -1,0 +1,1 @@
+"""Roles of the RL step (actor, reference, critic), each driving a TrainEngine."""

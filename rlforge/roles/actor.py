@@ -1,0 +1,115 @@
+"""The actor (policy) and reference roles.
+
+``Actor.update`` runs ``ppo_epochs`` passes over mini-batches of
+``ppo_mini_batch_size * rollout.n`` sequences; each mini-batch is one optimizer step,
+accumulated over micro-batches of ``ppo_micro_batch_size_per_gpu`` sequences.  The loss
+of one micro-batch is
+
+    policy_loss(loss_mode) - entropy_coeff * entropy + kl_loss_coef * kl(π, π_ref)   (kl only with use_kl_loss)
+
+each term aggregated with ``loss_agg_mode`` against the mini-batch totals, so the summed
+micro-batch losses equal the mini-batch loss for any split.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_penalty
+from rlforge.batch import Batch
+from rlforge.engine import LossScale, TrainEngine
+from rlforge.roles.forward import response_log_probs
+
+
+def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    acc: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for k, v in r.items():
+            acc[k].append(v)
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+class LogProbModel:
+    """Forward-only log-probs (the reference policy, or the actor's ``old_log_prob``)."""
+
+    def __init__(self, engine: TrainEngine, micro_batch_size: int) -> None:
+        self.engine = engine
+        self.micro_batch_size = micro_batch_size
+
+    def compute_log_prob(self, batch: Batch, temperature: float, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """``{"log_probs": (batch, response_len)}`` and, if asked, ``"entropys"``, float32 on CPU."""
+
+        def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
+            logp, ent = response_log_probs(module, mb, temperature, with_entropy)
+            return {"log_probs": logp, **({"entropys": ent} if ent is not None else {})}
+
+        return self.engine.infer(batch, fwd, self.micro_batch_size)
+
+
+class Actor(LogProbModel):
+    """The trained policy.
+
+    Args:
+        engine: the actor's training engine.
+        cfg: ``actor_rollout_ref.actor`` config.
+        mini_batch_size: sequences per optimizer step (``ppo_mini_batch_size * rollout.n``).
+        micro_batch_size: sequences per forward/backward.
+        log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
+    """
+
+    def __init__(
+        self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
+        log_prob_micro_batch_size: int,
+    ) -> None:
+        super().__init__(engine, log_prob_micro_batch_size)
+        self.cfg = cfg
+        self.mini_batch_size = mini_batch_size
+        self.train_micro_batch_size = micro_batch_size
+        self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
+
+    def _loss_fn(self, temperature: float):
+        cfg = self.cfg
+
+        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+            need_entropy = cfg.entropy_coeff != 0
+            logp, ent = response_log_probs(module, mb, temperature, need_entropy)
+            mask = mb["response_mask"].float()
+            glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs)
+            out = self.policy_loss(
+                PolicyLossInputs(
+                    old_log_prob=mb["old_log_probs"], log_prob=logp, advantages=mb["advantages"],
+                    response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **glob,
+                ),
+                cfg,
+            )
+            loss = out.loss
+            metrics = {"pg_loss": float(out.loss.detach()), **{k: float(v) for k, v in out.metrics.items()}}
+            if ent is not None:
+                ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, **glob)
+                loss = loss - cfg.entropy_coeff * ent_loss
+            if cfg.use_kl_loss:
+                kl = kl_penalty(logp, mb["ref_log_prob"], cfg.kl_loss_type)
+                kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, **glob)
+                loss = loss + cfg.kl_loss_coef * kl_term
+                metrics["kl_loss"] = float(kl_term.detach())
+                metrics["kl_coef"] = float(cfg.kl_loss_coef)
+            return loss, metrics
+
+        return loss_fn
+
+    def update(self, batch: Batch, temperature: float) -> dict[str, float]:
+        """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix)."""
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                "old_log_probs", "advantages"] + (["ref_log_prob"] if self.cfg.use_kl_loss else [])
+        data = Batch(batch.tensors.select(*keys), {}, {})
+        rows: list[dict[str, float]] = []
+        loss_fn = self._loss_fn(temperature)
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in data.split(self.mini_batch_size):
+                rows.append(self.engine.train_step(mini, loss_fn, self.train_micro_batch_size))
+        metrics = _mean_metrics(rows)
+        metrics["lr"] = self.engine.lr
+        return metrics

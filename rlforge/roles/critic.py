@@ -1,0 +1,66 @@
+"""The critic role: a value model trained with the clipped value loss (PPO, verl)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlforge.algorithms import compute_value_loss, masked_mean
+from rlforge.batch import Batch
+from rlforge.engine import LossScale, TrainEngine
+from rlforge.roles.actor import _mean_metrics
+from rlforge.roles.forward import response_values
+
+
+class Critic:
+    """Args:
+        engine: the critic's engine.
+        cfg: ``critic`` config (``cliprange_value``, ``loss_agg_mode``, ``ppo_epochs``).
+        mini_batch_size, micro_batch_size, forward_micro_batch_size: in sequences.
+    """
+
+    def __init__(
+        self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
+        forward_micro_batch_size: int,
+    ) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.forward_micro_batch_size = forward_micro_batch_size
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """``(batch, response_len)`` float32 values, zero outside ``response_mask``."""
+
+        def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
+            return {"values": response_values(module, mb) * mb["response_mask"]}
+
+        return self.engine.infer(batch, fwd, self.forward_micro_batch_size)["values"]
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Value-loss update; returns ``critic/*`` metrics (without the prefix)."""
+        cfg = self.cfg
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
+        data = Batch(batch.tensors.select(*keys), {}, {})
+
+        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+            vpreds = response_values(module, mb)
+            mask = mb["response_mask"].float()
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode,
+                global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs,
+            )
+            return vf_loss, {
+                "vf_loss": float(vf_loss.detach()),
+                "vf_clipfrac": float(vf_clipfrac),
+                "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+            }
+
+        rows = []
+        for _ in range(cfg.ppo_epochs):
+            for mini in data.split(self.mini_batch_size):
+                rows.append(self.engine.train_step(mini, loss_fn, self.micro_batch_size))
+        metrics = _mean_metrics(rows)
+        metrics["lr"] = self.engine.lr
+        return metrics

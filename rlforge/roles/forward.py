@@ -1,0 +1,64 @@
+"""Forward passes shared by the actor, reference and critic.
+
+All take a micro-batch with ``input_ids``, ``attention_mask``, ``position_ids``
+``(batch, prompt_len + response_len)`` and ``responses`` ``(batch, response_len)``; the
+logits at position ``t`` predict token ``t + 1``, so the response is scored by positions
+``prompt_len - 1 ... prompt_len + response_len - 2``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlforge.algorithms import entropy_from_logits
+from rlforge.batch import Batch
+
+
+def _response_slice(mb: Batch) -> slice:
+    resp_len = mb["responses"].shape[1]
+    total = mb["input_ids"].shape[1]
+    return slice(total - resp_len - 1, total - 1)
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[label]`` in float32 nats.
+
+    Args:
+        logits: ``(batch, len, vocab)``.
+        labels: ``(batch, len)`` token ids.
+    Returns:
+        ``(batch, len)`` float32.
+    """
+    logits = logits.float()
+    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def response_log_probs(
+    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``(batch, response_len)`` float32 nats of the response tokens under
+    ``softmax(logits / temperature)``, and optionally the entropy of that distribution.
+
+    Dividing by the rollout temperature makes these the log-probs of the distribution
+    the rollout sampled from (verl does the same).
+    """
+    out = module(
+        input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+        use_cache=False,
+    )
+    logits = out.logits[:, _response_slice(mb)].float()
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = log_probs_from_logits(logits, mb["responses"])
+    ent = entropy_from_logits(logits) if with_entropy else None
+    return logp, ent
+
+
+def response_values(module: torch.nn.Module, mb: Batch) -> torch.Tensor:
+    """Critic values ``(batch, response_len)`` float32: the value head's output at the
+    positions that predict each response token (the state before the token)."""
+    out = module(
+        input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+        use_cache=False,
+    )
+    return out.logits[:, _response_slice(mb), 0].float()

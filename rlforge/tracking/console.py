@@ -1,0 +1,37 @@
+"""``trainer.logger=console``: one readable line per step, with the main metrics first."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+_HEADLINE = [
+    "critic/score/mean", "val-core/", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+    "critic/vf_loss", "response_length/mean", "timing_s/step",
+]
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e9):
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+class ConsoleLogger:
+    """Prints ``step N | key: value | ...`` with headline metrics first; ``verbose``
+    prints every metric on following lines."""
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False) -> None:
+        self.stream = stream or sys.stdout
+        self.verbose = verbose
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        head = [(k, v) for p in _HEADLINE for k, v in sorted(metrics.items()) if k.startswith(p)]
+        parts = [f"step {step}"] + [f"{k}: {_fmt(v)}" for k, v in head]
+        print(" | ".join(parts), file=self.stream, flush=True)
+        if self.verbose:
+            for k in sorted(metrics):
+                print(f"    {k}: {_fmt(metrics[k])}", file=self.stream)
+
+    def close(self) -> None:
+        pass

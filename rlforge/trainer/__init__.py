@@ -1,0 +1,1 @@
+"""The RL step loop, validation, checkpointing and the verl-compatible entry point."""

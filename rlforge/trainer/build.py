@@ -1,0 +1,168 @@
+"""Build the parts of one RL job from its config: tokenizer, roles, rollout, rewards, data.
+
+Everything that depends on which backend or strategy is chosen is picked from a
+registry here, so the step loop in :mod:`rlforge.trainer.ppo_trainer` only talks to
+interfaces.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlforge.data import PromptLoader, load_rl_dataset
+from rlforge.engine import ENGINES, TrainEngine, build_optimizer, build_scheduler
+from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
+from rlforge.rewards import RewardManager
+from rlforge.roles.actor import Actor, LogProbModel
+from rlforge.roles.critic import Critic
+from rlforge.rollout import ROLLOUTS, Rollout
+
+# Rollout backends and engines available in this build; other names fall back (with the
+# warning issued by config validation) until their issues land.
+_ENGINE = "local"
+
+
+def pick_device(name: str) -> torch.device:
+    """``trainer.device``: ``auto`` = CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        from rlforge.errors import ConfigError
+
+        raise ConfigError(f"trainer.device={name} but no CUDA GPU is visible; use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bfloat16 autocast on CUDA (float32 master weights), none on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def rollout_name(cfg: Any) -> str:
+    name = cfg.actor_rollout_ref.rollout.name
+    return name if name in ROLLOUTS else "hf"
+
+
+def per_step_sizes(cfg: Any) -> dict[str, int]:
+    """Sequence counts derived from verl's prompt-count keys."""
+    n = cfg.actor_rollout_ref.rollout.n
+    actor = cfg.actor_rollout_ref.actor
+    mini = actor.ppo_mini_batch_size * n
+    micro = actor.ppo_micro_batch_size_per_gpu or mini
+    rollout = cfg.actor_rollout_ref.rollout
+    ref = cfg.actor_rollout_ref.ref
+    critic = cfg.critic
+    critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * n
+    critic_micro = critic.ppo_micro_batch_size_per_gpu or critic_mini
+    return {
+        "actor_mini": mini,
+        "actor_micro": micro,
+        "log_prob_micro": rollout.log_prob_micro_batch_size_per_gpu or micro,
+        "ref_micro": ref.log_prob_micro_batch_size_per_gpu or micro,
+        "critic_mini": critic_mini,
+        "critic_micro": critic_micro,
+        "critic_forward_micro": critic.forward_micro_batch_size_per_gpu or critic_micro,
+    }
+
+
+def total_training_steps(cfg: Any, batches_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` if set, else ``total_epochs × batches per epoch``."""
+    if cfg.trainer.total_training_steps is not None:
+        return int(cfg.trainer.total_training_steps)
+    return int(cfg.trainer.total_epochs) * batches_per_epoch
+
+
+@dataclass
+class Job:
+    """The built parts of one job."""
+
+    tokenizer: Any
+    device: torch.device
+    actor: Actor
+    ref: LogProbModel | None
+    critic: Critic | None
+    rollout: Rollout
+    reward: RewardManager
+    train_loader: PromptLoader
+    val_loader: PromptLoader | None
+    total_steps: int
+
+
+def _engine(module: torch.nn.Module, device: torch.device, optim_cfg: Any | None, grad_clip: float,
+            total_steps: int, key: str) -> TrainEngine:
+    opt = sched = None
+    if optim_cfg is not None:
+        opt = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg)
+        sched = build_scheduler(opt, optim_cfg, total_steps, key)
+    return ENGINES.get(_ENGINE)(module, device, opt, sched, grad_clip=grad_clip, autocast_dtype=autocast_dtype(device))
+
+
+def build_job(cfg: Any) -> Job:
+    """Load models and data and wire them together.
+
+    Raises:
+        RLForgeError subclasses for bad paths, files or rows.
+    """
+    device = pick_device(cfg.trainer.device)
+    arr = cfg.actor_rollout_ref
+    seed = int(cfg.data.seed if cfg.data.seed is not None else 1)
+    tokenizer = load_tokenizer(arr.model.path, arr.model.tokenizer_path)
+
+    train_ds = load_rl_dataset(cfg.data.train_files, tokenizer, cfg.data, split="train")
+    train_loader = PromptLoader(train_ds, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
+    val_loader = None
+    if cfg.data.val_files:
+        val_ds = load_rl_dataset(cfg.data.val_files, tokenizer, cfg.data, split="val")
+        val_bs = cfg.data.val_batch_size or len(val_ds)
+        val_loader = PromptLoader(
+            val_ds, min(val_bs, len(val_ds)), shuffle=False, seed=seed, drop_last=False,
+            batch_size_key="data.val_batch_size",
+        )
+    steps = total_training_steps(cfg, len(train_loader))
+    sizes = per_step_sizes(cfg)
+
+    actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
+    if arr.model.enable_gradient_checkpointing and device.type == "cuda":
+        actor_module.gradient_checkpointing_enable()
+    need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    ref = None
+    if need_ref:
+        ref_module = copy.deepcopy(actor_module).requires_grad_(False)
+        ref = LogProbModel(_engine(ref_module, device, None, 0.0, steps, ""), sizes["ref_micro"])
+    actor_engine = _engine(
+        actor_module, device, arr.actor.optim, arr.actor.grad_clip, steps, "actor_rollout_ref.actor.optim"
+    )
+    actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"])
+
+    critic = None
+    if cfg.algorithm.adv_estimator == "gae":
+        cpath = cfg.critic.model.path or arr.model.path
+        critic_module = load_value_model(cpath, tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed)
+        critic_engine = _engine(critic_module, device, cfg.critic.optim, cfg.critic.grad_clip, steps, "critic.optim")
+        critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
+                        sizes["critic_forward_micro"])
+
+    eos_ids = _eos_ids(tokenizer, actor_module)
+    rollout = ROLLOUTS.get(rollout_name(cfg))(
+        actor_engine.module, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
+    )
+    reward = RewardManager(
+        tokenizer,
+        custom_path=cfg.custom_reward_function.path,
+        custom_name=cfg.custom_reward_function.name or "compute_score",
+        reward_fn_key=cfg.data.reward_fn_key,
+    )
+    return Job(tokenizer, device, actor, ref, critic, rollout, reward, train_loader, val_loader, steps)
+
+
+def _eos_ids(tokenizer: Any, module: torch.nn.Module) -> list[int]:
+    ids: list[int] = []
+    gen_eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+    for e in [tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])]:
+        if e is not None and int(e) not in ids:
+            ids.append(int(e))
+    return ids

@@ -1,0 +1,110 @@
+"""Checkpoints: ``<trainer.default_local_dir>/global_step_N``.
+
+A checkpoint holds, per trained role, the model weights, optimizer and LR-scheduler
+state (``actor/state.pt``, ``critic/state.pt``), plus ``trainer_state.pt``: global step,
+data-loader position, KL-controller state and every RNG state (Python, NumPy, torch CPU
+and CUDA).  It is written into a temporary folder that is renamed into place only when
+complete, and ``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated
+last, so nothing half-written ever looks like a valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlforge.errors import ConfigError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def rng_state() -> dict[str, Any]:
+    """All RNG states that influence a step."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None) -> Path:
+    """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically.
+
+    Returns the checkpoint folder.  Older checkpoints beyond ``max_to_keep`` are removed.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    tmp = root / f".global_step_{step}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for name, state in parts.items():
+            if name == "trainer_state":
+                torch.save(state, tmp / "trainer_state.pt")
+            else:
+                (tmp / name).mkdir()
+                torch.save(state, tmp / name / "state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tracker_tmp = root / f".{TRACKER}.tmp"
+    tracker_tmp.write_text(str(step))
+    os.replace(tracker_tmp, root / TRACKER)
+    if max_to_keep and max_to_keep > 0:
+        steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*") if p.is_dir())
+        for old in steps[:-max_to_keep]:
+            shutil.rmtree(root / f"global_step_{old}", ignore_errors=True)
+    return final
+
+
+def find_resume_path(resume_mode: str, default_local_dir: str | Path, resume_from_path: str | None) -> Path | None:
+    """The checkpoint folder to resume from, or None to start fresh.
+
+    ``auto``: the latest complete checkpoint in ``default_local_dir`` if any;
+    ``disable``: never; ``resume_path``: ``resume_from_path`` (must exist).
+
+    Raises:
+        ConfigError: for ``resume_path`` without a valid ``trainer.resume_from_path``.
+    """
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        if not resume_from_path:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
+        p = Path(resume_from_path).expanduser()
+        if not (p / "trainer_state.pt").exists():
+            raise ConfigError(
+                f"trainer.resume_from_path={resume_from_path}: not a complete rlforge checkpoint "
+                "(expected a global_step_N folder with trainer_state.pt)"
+            )
+        return p
+    tracker = Path(default_local_dir) / TRACKER
+    if not tracker.exists():
+        return None
+    p = Path(default_local_dir) / f"global_step_{tracker.read_text().strip()}"
+    return p if (p / "trainer_state.pt").exists() else None
+
+
+def load_part(ckpt: Path, name: str) -> dict[str, Any]:
+    """Load one part (``actor``, ``critic`` or ``trainer_state``) of a checkpoint on the CPU."""
+    path = ckpt / "trainer_state.pt" if name == "trainer_state" else ckpt / name / "state.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)

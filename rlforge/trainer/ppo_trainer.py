@@ -1,0 +1,197 @@
+"""The RL step loop (PPO / GRPO and relatives), single controller.
+
+One step, each stage timed as ``timing_s/<stage>`` (see docs/architecture.md):
+
+    gen -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
+
+``ref`` runs only with ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``; ``values``
+and ``update_critic`` only with a critic (``adv_estimator=gae``); ``update_actor`` starts
+after ``trainer.critic_warmup`` steps.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlforge.algorithms import (
+    ADV_ESTIMATORS,
+    AdvantageInputs,
+    agg_loss,
+    apply_kl_penalty,
+    build_kl_controller,
+)
+from rlforge.batch import Batch
+from rlforge.perf.timer import timed
+from rlforge.rollout import SamplingParams
+from rlforge.tracking import Tracking
+from rlforge.trainer import checkpoint as ckpt
+from rlforge.trainer.build import Job, build_job
+from rlforge.trainer.metrics import data_metrics, throughput_metrics
+from rlforge.trainer.validation import validate
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class PPOTrainer:
+    """Runs a job described by an :class:`~rlforge.config.RLForgeConfig`.
+
+    Args:
+        cfg: the validated config.
+        loggers: logger names (``trainer.logger`` filtered to the available ones).
+    """
+
+    def __init__(self, cfg: Any, loggers: list[str]) -> None:
+        self.cfg = cfg
+        seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1))
+        self.job: Job = build_job(cfg)
+        self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
+        self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+        self.global_step = 0
+        self.out_dir = cfg.trainer.default_local_dir
+        self._resume()
+        self.tracker = Tracking(loggers, self.out_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resume(self) -> None:
+        t = self.cfg.trainer
+        path = ckpt.find_resume_path(t.resume_mode, self.out_dir, t.resume_from_path)
+        if path is None:
+            return
+        self.job.actor.engine.load_state_dict(ckpt.load_part(path, "actor"))
+        if self.job.critic is not None:
+            self.job.critic.engine.load_state_dict(ckpt.load_part(path, "critic"))
+        state = ckpt.load_part(path, "trainer_state")
+        self.global_step = int(state["global_step"])
+        self.job.train_loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        ckpt.set_rng_state(state["rng"])
+        print(f"resumed from {path} at step {self.global_step}", flush=True)
+
+    def _save(self) -> None:
+        parts: dict[str, dict[str, Any]] = {"actor": self.job.actor.engine.state_dict()}
+        if self.job.critic is not None:
+            parts["critic"] = self.job.critic.engine.state_dict()
+        parts["trainer_state"] = {
+            "global_step": self.global_step,
+            "dataloader": self.job.train_loader.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "rng": ckpt.rng_state(),
+        }
+        ckpt.save_checkpoint(self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep)
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_steps``; return the last step's metrics."""
+        t = self.cfg.trainer
+        last: dict[str, float] = {}
+        try:
+            if self.job.val_loader is not None and t.val_before_train and self.global_step == 0:
+                val = self._validate()
+                self.tracker.log(val, step=0)
+                if t.val_only:
+                    return val
+            while self.global_step < self.job.total_steps:
+                self.global_step += 1
+                last = self.step()
+                is_last = self.global_step == self.job.total_steps
+                if self.job.val_loader is not None and t.test_freq > 0 and (
+                    self.global_step % t.test_freq == 0 or is_last
+                ):
+                    last.update(self._validate())
+                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or is_last):
+                    self._save()
+                self.tracker.log(last, step=self.global_step)
+        finally:
+            self.tracker.close()
+        return last
+
+    def _validate(self) -> dict[str, float]:
+        m: dict[str, float] = {}
+        with timed("testing", m):
+            m.update(
+                validate(self.job.val_loader, self.job.rollout, self.job.reward,
+                         self.cfg.actor_rollout_ref.rollout, self.cfg.data.max_response_length)
+            )
+        return m
+
+    def _sampling(self) -> SamplingParams:
+        r = self.cfg.actor_rollout_ref.rollout
+        return SamplingParams(
+            temperature=float(r.temperature), top_p=float(r.top_p), top_k=int(r.top_k),
+            do_sample=bool(r.do_sample), max_new_tokens=int(self.cfg.data.max_response_length),
+        )
+
+    def step(self) -> dict[str, float]:
+        """One RL step on the next batch of prompts; returns its metrics."""
+        cfg, job = self.cfg, self.job
+        arr = cfg.actor_rollout_ref
+        temperature = float(arr.rollout.temperature)
+        m: dict[str, float] = {}
+        with timed("step", m):
+            prompts = job.train_loader.next_batch()
+            prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+            with timed("gen", m):
+                batch = job.rollout.generate(prompts.repeat_interleave(arr.rollout.n), self._sampling())
+            with timed("reward", m):
+                rw = job.reward.score(batch)
+                batch["token_level_scores"] = rw.token_level_scores
+                for k, v in rw.extra.items():
+                    m[f"reward_extra/{k}/mean"] = float(np.mean(v))
+            with timed("old_log_prob", m):
+                out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
+                batch["old_log_probs"] = out["log_probs"]
+                m["actor/entropy"] = float(
+                    agg_loss(out["entropys"], batch["response_mask"].float(), arr.actor.loss_agg_mode)
+                )
+            if job.ref is not None:
+                with timed("ref", m):
+                    batch["ref_log_prob"] = job.ref.compute_log_prob(batch, temperature)["log_probs"]
+            if job.critic is not None:
+                with timed("values", m):
+                    batch["values"] = job.critic.compute_values(batch)
+            with timed("adv", m):
+                self._advantages(batch, m)
+            if job.critic is not None:
+                with timed("update_critic", m):
+                    m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
+                    job.critic.engine.lr_scheduler_step()
+            if self.global_step > cfg.trainer.critic_warmup:
+                with timed("update_actor", m):
+                    m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature).items()})
+                    job.actor.engine.lr_scheduler_step()
+                job.rollout.sync_weights()
+        m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
+        m.update(throughput_metrics(batch, m["timing_s/step"]))
+        m["training/global_step"] = float(self.global_step)
+        m["training/epoch"] = float(job.train_loader.epoch)
+        return m
+
+    def _advantages(self, batch: Batch, m: dict[str, float]) -> None:
+        alg = self.cfg.algorithm
+        if alg.use_kl_in_reward:
+            rewards, kl_m = apply_kl_penalty(
+                batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"],
+                batch["response_mask"].float(), self.kl_ctrl, alg.kl_penalty,
+            )
+            batch["token_level_rewards"] = rewards
+            m.update(kl_m)
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        adv, ret = self.adv_fn(
+            AdvantageInputs(
+                token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"].float(),
+                index=batch.non_tensor["uid"], values=batch["values"] if "values" in batch else None,
+            ),
+            alg,
+        )
+        batch["advantages"] = adv
+        batch["returns"] = ret

@@ -1,0 +1,228 @@
+"""Config-layer tests: schema defaults, override grammar, errors, validation, format round-trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rlforge.config import (
+    LATER_WORK,
+    ConfigWarning,
+    RLForgeConfig,
+    available_jobs,
+    effective_loggers,
+    format_config,
+    load_config,
+    validate_config,
+)
+from rlforge.errors import ConfigError
+
+VERL_GSM8K_LINE = [
+    "data.train_files=/tmp/gsm8k/train.parquet",
+    "data.val_files=/tmp/gsm8k/test.parquet",
+    "data.train_batch_size=16",
+    "data.max_prompt_length=512",
+    "data.max_response_length=256",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=['console','wandb']",
+    "+trainer.val_before_train=False",
+    "trainer.default_hdfs_dir=null",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=1",
+]
+
+
+def test_defaults_match_verl() -> None:
+    cfg = load_config()
+    assert isinstance(cfg, RLForgeConfig)
+    actor = cfg.actor_rollout_ref.actor
+    assert (actor.ppo_mini_batch_size, actor.clip_ratio_c, actor.kl_loss_type) == (256, 3.0, "low_var_kl")
+    assert actor.optim.lr == 1e-6 and actor.optim.lr_scheduler_type == "constant" and actor.optim.num_cycles == 0.5
+    assert actor.policy_loss.loss_mode == "vanilla" and actor.loss_agg_mode == "token-mean"
+    assert actor.checkpoint.load_contents == ["model", "optimizer", "extra"]
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.tensor_model_parallel_size, rollout.max_num_seqs, rollout.gpu_memory_utilization) == (2, 1024, 0.5)
+    assert rollout.prompt_length == 512 and rollout.val_kwargs.temperature == 0.0
+    assert cfg.critic.optim.lr == 1e-5 and cfg.critic.cliprange_value == 0.5
+    assert cfg.critic.ppo_mini_batch_size == 256 and cfg.critic.rollout_n == 1
+    assert cfg.critic.forward_max_token_len_per_gpu == 32768
+    assert cfg.data.train_batch_size == 1024 and cfg.data.truncation == "error" and cfg.data.val_batch_size is None
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.algorithm.kl_ctrl.horizon == 10000
+    assert cfg.reward_model.reward_manager == "naive" and cfg.custom_reward_function.name == "compute_score"
+    assert cfg.trainer.total_epochs == 30 and cfg.trainer.resume_mode == "auto"
+    assert cfg.trainer.default_local_dir == "checkpoints/rlforge/default"
+    # rlforge deviations
+    assert cfg.trainer.logger == ["console"] and cfg.trainer.device == "auto"
+    assert cfg.actor_rollout_ref.model.path == "smollm2-135m-instruct" and cfg.critic.model.path is None
+
+
+def test_plain_override_and_interpolations_follow() -> None:
+    cfg = load_config(["data.max_prompt_length=64", "actor_rollout_ref.rollout.n=4", "trainer.experiment_name=x"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 64
+    assert cfg.critic.rollout_n == 4
+    assert cfg.trainer.default_local_dir == "checkpoints/rlforge/x"
+
+
+def test_yaml_values_parse() -> None:
+    cfg = load_config(["actor_rollout_ref.actor.optim.lr=1e-5", "data.val_batch_size=null",
+                       "data.shuffle=false", "trainer.logger=[console,file]", "actor_rollout_ref.actor.optim.betas=[0.9,0.95]"])
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-5)
+    assert cfg.data.val_batch_size is None and cfg.data.shuffle is False
+    assert cfg.trainer.logger == ["console", "file"]
+    assert cfg.actor_rollout_ref.actor.optim.betas == [0.9, 0.95]
+
+
+def test_plus_into_free_form_dict_is_kept() -> None:
+    cfg = load_config(["+actor_rollout_ref.model.override_config.attention_dropout=0.1"])
+    assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1}
+
+
+def test_plus_on_existing_key_sets_it() -> None:
+    assert load_config(["+trainer.val_before_train=False"]).trainer.val_before_train is False
+
+
+def test_plus_unknown_key_warns_and_is_ignored() -> None:
+    with pytest.warns(ConfigWarning, match=r"\+trainer\.some_verl_only\.knob"):
+        cfg = load_config(["+trainer.some_verl_only.knob=3"])
+    assert not hasattr(cfg.trainer, "some_verl_only")
+
+
+def test_warmup_style_alias() -> None:
+    cfg = load_config(["actor_rollout_ref.actor.optim.warmup_style=cosine"])
+    assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+
+
+def test_unknown_key_names_key_and_suggestion() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(["actor_rollout_ref.actor.clip_ratoi=0.3"])
+    assert str(err.value) == ("unknown config key 'actor_rollout_ref.actor.clip_ratoi'; "
+                              "did you mean 'actor_rollout_ref.actor.clip_ratio'?")
+
+
+def test_unknown_key_in_yaml_names_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  train_batch_sise: 8\n")
+    with pytest.raises(ConfigError, match=r"'data\.train_batch_sise' in config file .*run\.yaml.*did you mean 'data\.train_batch_size'"):
+        load_config(config_file=str(path))
+
+
+def test_wrong_type_names_key_value_type() -> None:
+    with pytest.raises(ConfigError, match=r"^data\.train_batch_size: expected int, got 'abc'"):
+        load_config(["data.train_batch_size=abc"])
+
+
+def test_missing_config_file_and_malformed_override(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(config_file=str(missing))
+    with pytest.raises(ConfigError, match="'data.train_batch_size'"):
+        load_config(["data.train_batch_size"])
+    with pytest.raises(ConfigError, match="not supported"):
+        load_config(["~trainer.logger"])
+
+
+def test_layering_job_then_file_then_override(tmp_path: Path) -> None:
+    assert "default" in available_jobs()
+    job = load_config(job="default")
+    assert job.algorithm.adv_estimator == "grpo" and job.actor_rollout_ref.rollout.n == 4
+    assert job.trainer.experiment_name == "default_job" and job.data.train_files == "builtin:arithmetic"
+    path = tmp_path / "c.yaml"
+    path.write_text("actor_rollout_ref:\n  rollout:\n    n: 8\ntrainer:\n  test_freq: 5\n")
+    cfg = load_config(["actor_rollout_ref.rollout.n=2"], config_file=str(path), job="default")
+    assert cfg.actor_rollout_ref.rollout.n == 2  # override beats file
+    assert cfg.trainer.test_freq == 5  # file beats job
+    assert cfg.data.train_batch_size == 8  # job beats defaults
+    assert validate_config(job) == []
+
+
+def test_unknown_job() -> None:
+    with pytest.raises(ConfigError, match="unknown job 'nope'.*default"):
+        load_config(job="nope")
+
+
+def test_verl_command_line_loads_with_warnings() -> None:
+    cfg = load_config(VERL_GSM8K_LINE)
+    warnings = validate_config(cfg)
+    assert cfg.critic.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert "actor_rollout_ref.rollout.name=vllm is not available in this build; using hf" in warnings
+    assert any("gpu_memory_utilization=0.4" in w for w in warnings)
+    assert any("'wandb'" in w for w in warnings)
+    assert effective_loggers(cfg) == ["console"]
+    assert not any("tensor_model_parallel_size" in w for w in warnings)
+
+
+def test_later_work_rows_fire_only_when_set() -> None:
+    base = load_config(job="default")
+    assert validate_config(base) == []
+    cfg = load_config(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=8"],
+                      job="default")
+    warnings = validate_config(cfg)
+    assert any(w.startswith("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2") for w in warnings)
+    assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.param_offload=True") for w in warnings)
+    assert any(w.startswith("trainer.nnodes*n_gpus_per_node=8") for w in warnings)
+    assert len({row.key for row in LATER_WORK}) == len(LATER_WORK)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
+         "data.train_batch_size=12 is not divisible by actor_rollout_ref.actor.ppo_mini_batch_size=8"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+         "actor_rollout_ref.actor.ppo_mini_batch_size * actor_rollout_ref.rollout.n = 8 * 4 = 32"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=16"], "is larger than data.train_batch_size=8"),
+        (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0: must be >= 1"),
+        (["data.truncation=both"], "data.truncation='both' is not one of error, left, right, middle"),
+        (["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
+        (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], "lr_scheduler_type='linear'"),
+        (["actor_rollout_ref.actor.loss_agg_mode=sum"], "loss_agg_mode='sum'"),
+        (["algorithm.adv_estimator=gae"], "set critic.model.path"),
+        (["algorithm.adv_estimator=gae", "critic.model.path=m", "critic.ppo_micro_batch_size_per_gpu=5"],
+         "critic.ppo_mini_batch_size * actor_rollout_ref.rollout.n"),
+    ],
+)
+def test_validation_errors_name_keys(overrides: list[str], needle: str) -> None:
+    cfg = load_config(overrides, job="default")
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)
+    assert needle in str(err.value)
+
+
+def test_micro_batch_counts_sequences() -> None:
+    # mini 8 prompts x n 4 = 32 sequences; micro 16 divides 32 though not 8.
+    cfg = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"], job="default")
+    assert validate_config(cfg) == []
+
+
+def test_grpo_with_single_response_warns() -> None:
+    warnings = validate_config(load_config(["actor_rollout_ref.rollout.n=1"], job="default"))
+    assert any("rollout.n=1" in w and "grpo" in w for w in warnings)
+
+
+@pytest.mark.parametrize("job", [None, "default"])
+def test_format_round_trip(tmp_path: Path, job: str | None) -> None:
+    cfg = load_config(["+actor_rollout_ref.model.override_config.rope_theta=10000", "trainer.logger=[console,file]"], job=job)
+    text = format_config(cfg)
+    assert "${" not in text and "experiment_name:" in text
+    path = tmp_path / "printed.yaml"
+    path.write_text(text)
+    again = load_config(config_file=str(path))
+    assert again == cfg
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)

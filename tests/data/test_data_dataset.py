@@ -1,0 +1,173 @@
+"""Reading parquet/jsonl rows and building RLDataset: errors, truncation, filtering."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rlforge.data import RLDataset, load_rl_dataset, read_file, tokenize_messages, truncate
+from rlforge.errors import ConfigError, DataError
+
+
+def row(question: str, truth: str = "1", **extra) -> dict:
+    return {
+        "data_source": "rlforge/arithmetic",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": dict(extra),
+    }
+
+
+def data_cfg(**overrides) -> SimpleNamespace:
+    cfg = dict(
+        prompt_key="prompt",
+        max_prompt_length=64,
+        truncation="error",
+        filter_overlong_prompts=False,
+        seed=1,
+        builtin=SimpleNamespace(difficulty=1, train_size=32, val_size=8),
+    )
+    cfg.update(overrides)
+    return SimpleNamespace(**cfg)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def write_parquet(path: Path, rows: list[dict]) -> str:
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+    return str(path)
+
+
+def test_tokenize_messages_returns_ids(smol_tokenizer) -> None:
+    ids = tokenize_messages(smol_tokenizer, [{"role": "user", "content": "What is 7 + 5?"}])
+    assert all(isinstance(t, int) for t in ids)
+    text = smol_tokenizer.decode(ids)
+    assert text.endswith("<|im_start|>assistant\n") and "What is 7 + 5?" in text
+
+
+def test_read_jsonl_and_parquet(smol_tokenizer, tmp_path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", [row("What is 1 + 1?", "2"), row("What is 2 + 2?", 4, index=7)])
+    b = write_parquet(
+        tmp_path / "b.parquet",
+        [row("What is 3 + 3?", "6", split="x", index=None), row("4?", "4", split="y", index=5)],
+    )
+    assert len(read_file(a)) == 2 and read_file(b)[0]["reward_model"]["ground_truth"] == "6"
+    ds = load_rl_dataset([a, b], smol_tokenizer, data_cfg(), split="train")
+    assert len(ds) == 4
+    item = ds[1]
+    assert item["input_ids"].dtype == torch.long and item["input_ids"].dim() == 1
+    assert item["ground_truth"] == "4"  # numbers become strings
+    assert item["extra_info"]["index"] == 7  # kept from the file
+    assert ds[0]["extra_info"]["index"] == 0  # added: position in the dataset
+    assert ds[2]["extra_info"] == {"split": "x", "index": 2}  # a null index is filled in
+    assert ds[3]["extra_info"] == {"split": "y", "index": 5}
+    assert ds[2]["raw_prompt"] == [{"role": "user", "content": "What is 3 + 3?"}]
+    assert ds[2]["data_source"] == "rlforge/arithmetic" and ds[2]["ability"] == "arithmetic"
+    expected = tokenize_messages(smol_tokenizer, ds[2]["raw_prompt"])
+    assert ds[2]["input_ids"].tolist() == expected
+
+
+def test_single_path_string_and_tilde(smol_tokenizer, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_jsonl(tmp_path / "t.jsonl", [row("Hi?")])
+    assert len(load_rl_dataset("~/t.jsonl", smol_tokenizer, data_cfg())) == 1
+
+
+def test_missing_file(smol_tokenizer, tmp_path) -> None:
+    with pytest.raises(DataError, match="not found: .*missing.parquet"):
+        load_rl_dataset(str(tmp_path / "missing.parquet"), smol_tokenizer, data_cfg())
+
+
+def test_bad_json_line_and_suffix(tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(row("ok")) + "\n{not json\n")
+    with pytest.raises(DataError, match="bad.jsonl line 2"):
+        read_file(str(bad))
+    other = tmp_path / "data.csv"
+    other.write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported data file .*data.csv"):
+        read_file(str(other))
+
+
+def test_row_without_prompt(smol_tokenizer, tmp_path) -> None:
+    broken = row("x")
+    del broken["prompt"]
+    path = write_jsonl(tmp_path / "p.jsonl", [row("fine"), broken])
+    with pytest.raises(DataError, match=r"p.jsonl row 1 has no 'prompt' field"):
+        load_rl_dataset(path, smol_tokenizer, data_cfg())
+
+
+def test_prompt_key(smol_tokenizer, tmp_path) -> None:
+    r = row("Q?")
+    r["messages"] = r.pop("prompt")
+    path = write_jsonl(tmp_path / "k.jsonl", [r])
+    assert len(load_rl_dataset(path, smol_tokenizer, data_cfg(prompt_key="messages"))) == 1
+    with pytest.raises(DataError, match="data.prompt_key='prompt'"):
+        load_rl_dataset(path, smol_tokenizer, data_cfg())
+
+
+def test_prompt_not_messages(smol_tokenizer) -> None:
+    bad = row("x")
+    bad["prompt"] = "What is 1 + 1?"
+    with pytest.raises(DataError, match="mine row 0: 'prompt' must be a non-empty list of chat messages"):
+        RLDataset([bad], smol_tokenizer, 64, source_name="mine")
+
+
+def test_row_without_ground_truth(smol_tokenizer, tmp_path) -> None:
+    broken = row("x")
+    broken["reward_model"] = {"style": "rule"}
+    rows = [row("a", index=0), row("b", index=1), broken]
+    broken["extra_info"] = {"index": 2}
+    path = write_parquet(tmp_path / "g.parquet", rows)
+    with pytest.raises(DataError, match=r"g.parquet row 2 has no reward_model.ground_truth"):
+        load_rl_dataset(path, smol_tokenizer, data_cfg())
+
+
+def long_rows() -> list[dict]:
+    return [row("short?"), row(" ".join(["word"] * 60) + "?"), row("also short?")]
+
+
+def test_truncation_error(smol_tokenizer) -> None:
+    with pytest.raises(DataError) as err:
+        RLDataset(long_rows(), smol_tokenizer, 40, truncation="error", source_name="f.parquet")
+    msg = str(err.value)
+    n = len(tokenize_messages(smol_tokenizer, long_rows()[1]["prompt"]))
+    assert f"f.parquet row 1: prompt is {n} tokens" in msg and "data.max_prompt_length=40" in msg
+    assert "data.filter_overlong_prompts=True" in msg and "data.truncation=left" in msg
+
+
+def test_truncation_left_right_middle(smol_tokenizer) -> None:
+    full = tokenize_messages(smol_tokenizer, long_rows()[1]["prompt"])
+    left = RLDataset(long_rows(), smol_tokenizer, 40, truncation="left")
+    right = RLDataset(long_rows(), smol_tokenizer, 40, truncation="right")
+    middle = RLDataset(long_rows(), smol_tokenizer, 40, truncation="middle")
+    assert len(left) == 3 and left.num_truncated == 1
+    assert left[1]["input_ids"].tolist() == full[-40:]
+    assert right[1]["input_ids"].tolist() == full[:40]
+    assert middle[1]["input_ids"].tolist() == full[:20] + full[-20:]
+    assert left[0]["input_ids"].tolist() == tokenize_messages(smol_tokenizer, long_rows()[0]["prompt"])
+    assert truncate([1, 2, 3, 4, 5], 3, "middle") == [1, 4, 5]
+
+
+def test_filter_overlong(smol_tokenizer, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="rlforge.data.dataset"):
+        ds = RLDataset(long_rows(), smol_tokenizer, 40, truncation="error", filter_overlong_prompts=True)
+    assert len(ds) == 2 and ds.num_filtered == 1
+    assert [it["extra_info"]["index"] for it in ds] == [0, 2]
+    assert "dropped 1 of 3 prompts" in caplog.text
+
+
+def test_bad_truncation_value(smol_tokenizer) -> None:
+    with pytest.raises(ConfigError, match="data.truncation='sideways'"):
+        RLDataset(long_rows(), smol_tokenizer, 40, truncation="sideways")

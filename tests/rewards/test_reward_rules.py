@@ -1,0 +1,94 @@
+"""GSM8K (verl parity) and arithmetic rules, and dispatch by data_source."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.errors import RewardError
+from rlforge.rewards import REWARD_RULES, default_compute_score, gsm8k
+from rlforge.rewards import arithmetic as arith
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "expected"),
+    [
+        ("She sold 48 + 24 = 72 clips.\n#### 72", "72", 1.0),  # correct
+        ("She sold 48 + 24 = 70 clips.\n#### 70", "72", 0.0),  # wrong
+        ("She sold 72 clips.", "72", 0.0),  # no ####
+        ("The total is #### 1,234", "1234", 1.0),  # commas removed
+        ("#### 1,234$", "1234", 1.0),  # '$' after the number is not captured
+        ("#### $1234", "1234", 0.0),  # verl: '$' right after '#### ' stops the match
+        ("It drops by 5.\n#### -5", "-5", 1.0),  # negative
+        ("#### 2.5", "2.5", 1.0),  # decimals compared as strings
+        ("#### 2.50", "2.5", 0.0),
+        ("#### 3\nwait, no.\n#### 4", "4", 1.0),  # the last #### counts
+        ("#### 4\nwait, no.\n#### 3", "4", 0.0),
+        ("####72", "72", 0.0),  # the space after #### is required
+    ],
+)
+def test_gsm8k_strict(response: str, truth: str, expected: float) -> None:
+    assert gsm8k.compute_score(response, truth) == expected
+
+
+def test_gsm8k_strict_only_reads_last_300_chars() -> None:
+    early = "#### 72\n" + "x" * 400
+    assert gsm8k.extract_solution(early) is None
+    assert gsm8k.compute_score(early, "72") == 0.0
+    assert gsm8k.compute_score("x" * 400 + "#### 72", "72") == 1.0
+
+
+def test_gsm8k_format_score_and_score() -> None:
+    assert gsm8k.compute_score("#### 5", "6", format_score=0.1) == 0.1
+    assert gsm8k.compute_score("no answer", "6", format_score=0.1) == 0.0
+    assert gsm8k.compute_score("#### 6", "6", score=2.0) == 2.0
+
+
+def test_gsm8k_flexible() -> None:
+    assert gsm8k.extract_solution("so 3 then 1,234.", method="flexible") == "1,234."
+    assert gsm8k.compute_score("First 12, then 72", "72", method="flexible") == 1.0
+    assert gsm8k.compute_score("First 72, then 12", "72", method="flexible") == 0.0
+    assert gsm8k.compute_score("The answer is 72 .", "72", method="flexible") == 1.0  # '.' skipped
+    assert gsm8k.compute_score("no digits here", "72", method="flexible") == 0.0
+    assert gsm8k.extract_solution(". .", method="flexible") is None
+    with pytest.raises(ValueError, match="method"):
+        gsm8k.extract_solution("1", method="loose")
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "expected"),
+    [
+        ("12", "12", 1.0),
+        ("  12.\n", "12", 1.0),
+        ("12!", "12", 1.0),
+        ("-7", "-7", 1.0),
+        ("7", "-7", 0.0),
+        ("13", "12", 0.0),
+        ("012", "12", 0.0),
+        ("The answer is 12", "12", 0.0),
+        ("12 or 13", "12", 0.0),
+        ("", "12", 0.0),
+    ],
+)
+def test_arithmetic_strict(response: str, truth: str, expected: float) -> None:
+    assert arith.compute_score(response, truth) == expected
+
+
+def test_arithmetic_last_int() -> None:
+    assert arith.compute_score("7 + 5 = 12", "12", method="last_int") == 1.0
+    assert arith.compute_score("12, no 13", "12", method="last_int") == 0.0
+    assert arith.compute_score("none", "12", method="last_int") == 0.0
+
+
+def test_dispatch_by_data_source() -> None:
+    assert set(REWARD_RULES.names()) >= {"openai/gsm8k", "rlforge/arithmetic"}
+    assert default_compute_score("openai/gsm8k", "#### 72", "72", {}) == 1.0
+    assert default_compute_score("openai/gsm8k", "72", "72", {}) == 0.0  # strict mode
+    assert default_compute_score("rlforge/arithmetic", "12", "12", None) == 1.0
+
+
+def test_unknown_data_source() -> None:
+    with pytest.raises(RewardError) as err:
+        default_compute_score("my/math", "1", "1", {})
+    msg = str(err.value)
+    assert "'my/math'" in msg and "openai/gsm8k" in msg and "rlforge/arithmetic" in msg
+    assert "custom_reward_function.path" in msg
