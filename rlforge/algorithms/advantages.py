@@ -6,6 +6,9 @@ is the ``algorithm`` config section (read by verl attribute names).  New estimat
 reinforce++, ...) add optional fields to :class:`AdvantageInputs`; the caller only ever runs
 ``compute_advantage(inputs, config)``.
 
+The outcome-reward estimators (rloo, reinforce++, remax, opo, gpg, grpo_passk) live in
+:mod:`rlforge.algorithms.advantages_outcome`.
+
 Deviations from verl (``verl/trainer/ppo/core_algos.py``):
 * ``gae`` and ``grpo`` return zeros at masked positions for both advantages and returns
   (verl leaves the carried-over values there; every loss masks them anyway).
@@ -24,6 +27,7 @@ import torch
 from rlforge.errors import ConfigError
 from rlforge.registry import Registry
 
+from .groups import group_ids, grpo_normalized_scores, require_index
 from .utils import masked_whiten
 
 GRPO_EPS = 1e-6
@@ -40,12 +44,15 @@ class AdvantageInputs:
         index: (B,) group ids (the prompt ``uid`` strings); responses to one prompt share an id.
             Needed by group estimators (grpo, rloo, ...); None otherwise.
         values: (B, R) critic values V(s_t); needed by ``gae`` only.
+        reward_baselines: (B,) reward of the greedy (argmax-decoded) response to the same prompt;
+            needed by ``remax`` only (the trainer fills it in its ``gen_max`` stage).
     """
 
     token_level_rewards: torch.Tensor
     response_mask: torch.Tensor
     index: np.ndarray | None = None
     values: torch.Tensor | None = None
+    reward_baselines: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = self.token_level_rewards.shape
@@ -56,6 +63,10 @@ class AdvantageInputs:
             )
         if self.values is not None and self.values.shape != shape:
             raise ValueError(f"values {tuple(self.values.shape)} must match rewards {tuple(shape)}")
+        if self.reward_baselines is not None and tuple(self.reward_baselines.shape) != (shape[0],):
+            raise ValueError(
+                f"reward_baselines {tuple(self.reward_baselines.shape)} must be (batch,) = ({shape[0]},)"
+            )
         if self.index is not None and len(self.index) != shape[0]:
             raise ValueError(f"index has {len(self.index)} entries for a batch of {shape[0]}")
 
@@ -107,11 +118,6 @@ def compute_gae_advantage_return(inputs: AdvantageInputs, config: Any) -> tuple[
     return advantages, returns
 
 
-def _group_ids(index: np.ndarray, device: torch.device) -> torch.Tensor:
-    _, inverse = np.unique(np.asarray(index), return_inverse=True)
-    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=device)
-
-
 @ADV_ESTIMATORS.register("grpo")
 @torch.no_grad()
 def compute_grpo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,26 +130,18 @@ def compute_grpo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tupl
     std 1 as verl does, so its advantage is ``score / (1 + 1e-6)`` (not 0).
     ``A_i`` is broadcast to every valid token of response i.
 
+    Dr. GRPO (Liu et al. 2025, arXiv:2503.20783, §3.2) is this estimator with
+    ``algorithm.norm_adv_by_std_in_grpo=false`` plus
+    ``actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm`` (as verl documents it);
+    there is no separate registry entry.
+
     Returns:
         advantages (B, R), returns (B, R): the same tensor (returns = advantages), 0 where masked.
     """
-    if inputs.index is None:
-        raise ConfigError("algorithm.adv_estimator='grpo' needs the prompt uid index of each response")
+    index = require_index(inputs.index, "grpo")
     mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
     scores = inputs.token_level_rewards.sum(dim=-1)
-    gid = _group_ids(inputs.index, scores.device)
-    num_groups = int(gid.max()) + 1 if gid.numel() else 0
-    count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, gid, torch.ones_like(scores)
-    )
-    mean = torch.zeros_like(count).index_add_(0, gid, scores) / count
-    sq_dev = torch.zeros_like(count).index_add_(0, gid, (scores - mean[gid]) ** 2)
-    std = (sq_dev / (count - 1).clamp_min(1.0)).sqrt()
-    single = count == 1
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
-    adv = scores - mean[gid]
-    if config.norm_adv_by_std_in_grpo:
-        adv = adv / (std[gid] + GRPO_EPS)
+    gid = group_ids(index, scores.device)
+    adv = grpo_normalized_scores(scores, gid, GRPO_EPS, bool(config.norm_adv_by_std_in_grpo))
     advantages = adv.unsqueeze(-1) * mask
     return advantages, advantages

@@ -5,6 +5,9 @@ Every loss is one function registered in :data:`POLICY_LOSSES` with the signatur
 config (read by verl attribute names: ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``,
 ``clip_ratio_c``).  Later losses (gspo, flowrl, ...) read the optional fields of
 :class:`PolicyLossInputs`; the caller only runs ``compute_policy_loss(inputs, config)``.
+The other losses live in :mod:`~rlforge.algorithms.policy_losses_extra` (gspo, sapo, gpg,
+geo_mean, cispo), :mod:`~rlforge.algorithms.policy_losses_cov` (clip_cov, kl_cov) and
+:mod:`~rlforge.algorithms.flowrl` (flowrl).
 
 Deviation from the PPO paper: the log-ratio is clamped to [-20, 20] before ``exp`` (as verl)
 so a stale token cannot overflow; the dual clip of Ye et al. 2020 applies to negative
@@ -44,6 +47,9 @@ class PolicyLossInputs:
         ref_log_prob: log pi_ref, for losses that need the reference policy.
         token_level_rewards: per-token rewards, for losses that need them (e.g. flowrl).
         index: (B,) group ids (prompt uids), for group-level losses.
+        log_z: (B,) learned log partition function log Z(x) of each sequence's prompt, with
+            grad (``flowrl`` only; the actor's log-Z head produces it).
+        generator: RNG for losses that sample (``clip_cov``); None = torch's global RNG.
         extra: anything else a later loss needs, by name.
     """
 
@@ -58,18 +64,39 @@ class PolicyLossInputs:
     ref_log_prob: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
     index: np.ndarray | None = None
+    log_z: torch.Tensor | None = None
+    generator: torch.Generator | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def agg(self, loss_mat: torch.Tensor) -> torch.Tensor:
-        """Aggregate a (B, R) loss with this batch's mode, mask and globals."""
+    def agg(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
+        """Aggregate a (B, R) loss with this batch's mask and globals.
+
+        ``loss_agg_mode`` overrides the configured mode (for losses that fix it, e.g. gspo);
+        None = ``self.loss_agg_mode``.
+        """
         return agg_loss(
             loss_mat,
             self.response_mask,
-            self.loss_agg_mode,
+            self.loss_agg_mode if loss_agg_mode is None else loss_agg_mode,
             global_num_tokens=self.global_num_tokens,
             global_num_seqs=self.global_num_seqs,
             horizon=self.horizon,
         )
+
+    def seq_mean(self, seq_losses: torch.Tensor) -> torch.Tensor:
+        """Mean of a per-sequence loss (B,) over the sequences with a valid token.
+
+        Sequences without a valid token are dropped; the sum is divided by
+        ``global_num_seqs`` when given (so micro-batch shares add up to the mini-batch mean),
+        else by this batch's count of sequences with a valid token.
+        """
+        valid = self.response_mask.sum(dim=-1) > 0
+        total = torch.where(valid, seq_losses, torch.zeros_like(seq_losses)).sum()
+        if self.global_num_seqs is not None:
+            if self.global_num_seqs <= 0:
+                raise ValueError(f"global_num_seqs must be > 0, got {self.global_num_seqs}")
+            return total / float(self.global_num_seqs)
+        return total / valid.sum().clamp_min(1).to(total.dtype)
 
 
 @dataclass

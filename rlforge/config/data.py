@@ -41,9 +41,9 @@ class DataConfig:
     val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
     """Validation file(s): a path or list of paths, or ``builtin:<task>``."""
     train_max_samples: int = -1
-    """Use at most this many training rows (random subset); -1 = all."""
+    """Use only the first this many training rows; -1 = all (verl samples a random subset when shuffling)."""
     val_max_samples: int = -1
-    """Use at most this many validation rows (random subset); -1 = all."""
+    """Use only the first this many validation rows; -1 = all."""
     prompt_key: str = "prompt"
     """Column holding the prompt (chat messages list or string)."""
     reward_fn_key: str = "data_source"

@@ -63,6 +63,7 @@ def load_rl_dataset(
             ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``seed`` and
             ``builtin.{difficulty, train_size, val_size}``.
         split: ``"train"`` or ``"val"``; picks the built-in split and the key named in errors.
+            ``data.<split>_max_samples`` > 0 keeps only the first that many rows (before tokenizing).
 
     Raises:
         DataError, ConfigError: see :func:`load_rows` and :class:`RLDataset`.
@@ -70,6 +71,9 @@ def load_rl_dataset(
     if split not in ("train", "val"):
         raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     rows, origins = load_rows(files, data_cfg, split)
+    limit = int(getattr(data_cfg, f"{split}_max_samples", -1) or -1)
+    if limit > 0:  # data.train_max_samples / data.val_max_samples: the first N rows
+        rows, origins = rows[:limit], origins[:limit]
     return RLDataset(
         rows,
         tokenizer,

@@ -13,7 +13,6 @@ micro-batch losses equal the mini-batch loss for any split.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -21,15 +20,8 @@ import torch
 from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_penalty
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
+from rlforge.roles.common import run_updates
 from rlforge.roles.forward import response_log_probs
-
-
-def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    acc: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        for k, v in r.items():
-            acc[k].append(v)
-    return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
 class LogProbModel:
@@ -105,11 +97,7 @@ class Actor(LogProbModel):
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
                 "old_log_probs", "advantages"] + (["ref_log_prob"] if self.cfg.use_kl_loss else [])
         data = Batch(batch.tensors.select(*keys), {}, {})
-        rows: list[dict[str, float]] = []
-        loss_fn = self._loss_fn(temperature)
-        for _ in range(self.cfg.ppo_epochs):
-            for mini in data.split(self.mini_batch_size):
-                rows.append(self.engine.train_step(mini, loss_fn, self.train_micro_batch_size))
-        metrics = _mean_metrics(rows)
-        metrics["lr"] = self.engine.lr
-        return metrics
+        return run_updates(
+            self.engine, data, self._loss_fn(temperature), self.mini_batch_size, self.train_micro_batch_size,
+            self.cfg.ppo_epochs, "update_actor",
+        )

@@ -9,7 +9,7 @@ import torch
 from rlforge.algorithms import compute_value_loss, masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
-from rlforge.roles.actor import _mean_metrics
+from rlforge.roles.common import run_updates
 from rlforge.roles.forward import response_values
 
 
@@ -57,10 +57,6 @@ class Critic:
                 "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
             }
 
-        rows = []
-        for _ in range(cfg.ppo_epochs):
-            for mini in data.split(self.mini_batch_size):
-                rows.append(self.engine.train_step(mini, loss_fn, self.micro_batch_size))
-        metrics = _mean_metrics(rows)
-        metrics["lr"] = self.engine.lr
-        return metrics
+        return run_updates(
+            self.engine, data, loss_fn, self.mini_batch_size, self.micro_batch_size, cfg.ppo_epochs, "update_critic"
+        )

@@ -48,24 +48,30 @@ def rollout_name(cfg: Any) -> str:
 
 
 def per_step_sizes(cfg: Any) -> dict[str, int]:
-    """Sequence counts derived from verl's prompt-count keys."""
+    """Sequence counts derived from verl's prompt-count keys.
+
+    ``ppo_mini_batch_size`` counts prompts and is multiplied by ``rollout.n``; micro-batch
+    sizes count sequences.  An unset micro-batch size means one micro-batch per mini-batch.
+    The deprecated global ``*_micro_batch_size`` keys equal the per-GPU ones on one device.
+    """
     n = cfg.actor_rollout_ref.rollout.n
     actor = cfg.actor_rollout_ref.actor
-    mini = actor.ppo_mini_batch_size * n
-    micro = actor.ppo_micro_batch_size_per_gpu or mini
     rollout = cfg.actor_rollout_ref.rollout
     ref = cfg.actor_rollout_ref.ref
     critic = cfg.critic
+    mini = actor.ppo_mini_batch_size * n
+    micro = actor.ppo_micro_batch_size_per_gpu or actor.ppo_micro_batch_size or mini
     critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * n
-    critic_micro = critic.ppo_micro_batch_size_per_gpu or critic_mini
+    critic_micro = critic.ppo_micro_batch_size_per_gpu or critic.ppo_micro_batch_size or critic_mini
     return {
         "actor_mini": mini,
         "actor_micro": micro,
-        "log_prob_micro": rollout.log_prob_micro_batch_size_per_gpu or micro,
-        "ref_micro": ref.log_prob_micro_batch_size_per_gpu or micro,
+        "log_prob_micro": rollout.log_prob_micro_batch_size_per_gpu or rollout.log_prob_micro_batch_size or micro,
+        "ref_micro": ref.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size or micro,
         "critic_mini": critic_mini,
         "critic_micro": critic_micro,
-        "critic_forward_micro": critic.forward_micro_batch_size_per_gpu or critic_micro,
+        "critic_forward_micro": critic.forward_micro_batch_size_per_gpu or critic.forward_micro_batch_size
+        or critic_micro,
     }
 
 
