@@ -4,7 +4,8 @@ Each pluggable family is a :class:`rlforge.registry.Registry` keyed by its verl 
 ``ADV_ESTIMATORS`` (``algorithm.adv_estimator``), ``POLICY_LOSSES``
 (``actor_rollout_ref.actor.policy_loss.loss_mode``), ``KL_ESTIMATORS``
 (``algorithm.kl_penalty`` / ``actor.kl_loss_type``), ``LOSS_AGG_MODES`` (``*.loss_agg_mode``)
-and ``KL_CONTROLLERS`` (``algorithm.kl_ctrl.type``).
+and ``KL_CONTROLLERS`` (``algorithm.kl_ctrl.type``).  Importing this package registers every
+entry (the modules below register on import).
 """
 
 from .advantages import (
@@ -14,8 +15,18 @@ from .advantages import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
 )
+from .advantages_outcome import (
+    compute_gpg_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+)
 from .aggregation import LOSS_AGG_MODES, agg_loss, loss_agg_globals, num_valid_seqs
 from .entropy import entropy_from_logits
+from .flowrl import FLOWRL_REWARDS, compute_policy_loss_flowrl, flowrl_reward_target
 from .kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -33,11 +44,20 @@ from .policy_losses import (
     compute_policy_loss,
     compute_policy_loss_vanilla,
 )
+from .policy_losses_cov import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from .policy_losses_extra import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_sapo,
+)
 from .utils import masked_mean, masked_sum, masked_var, masked_whiten
 from .value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "FLOWRL_REWARDS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -52,11 +72,27 @@ __all__ = [
     "build_kl_controller",
     "compute_advantage",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_flowrl",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
+    "flowrl_reward_target",
     "kl_loss",
     "kl_penalty",
     "loss_agg_globals",

@@ -77,9 +77,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
     """REINFORCE++ (Hu 2025, arXiv:2501.03262, §3 "token-level reward, discounted return,
     global advantage normalization").
 
-    Backwards over t: ``G_t = r_t + gamma * G_{t+1}`` with the running return reset to 0 after
-    each masked position (so nothing after EOS, and nothing from an observation span, leaks into
-    earlier tokens); ``returns = G``.  The advantages are ``G`` whitened over all valid tokens of
+    Backwards over t: ``G_t = r_t + gamma * G_{t+1}`` with the running return reset to 0 at
+    each masked position, as verl ("reset after EOS"): nothing past EOS reaches the response,
+    and in multi-turn data rewards after a masked observation span do not reach earlier turns
+    either; ``returns = G``.  The advantages are ``G`` whitened over all valid tokens of
     the batch (:func:`masked_whiten`: mean and unbiased std).  No groups are used, so a group
     of size 1 is no special case; a batch with fewer than 2 valid tokens gets advantages 0.
 
@@ -150,6 +151,10 @@ def compute_remax_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tup
     baselines = inputs.reward_baselines.to(rewards.dtype).unsqueeze(-1)
     advantages = (returns - baselines) * mask
     return advantages, returns
+
+
+# The trainer runs the extra stage gen_max (a greedy rollout per prompt) to fill reward_baselines.
+compute_remax_outcome_advantage.needs_reward_baselines = True  # type: ignore[attr-defined]
 
 
 @ADV_ESTIMATORS.register("opo")

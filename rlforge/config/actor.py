@@ -58,21 +58,48 @@ class ModelConfig:
 
 
 @dataclass
+class FlowRLConfig:
+    """FlowRL trajectory-balance loss (``actor.policy_loss.flowrl``; read when ``loss_mode=flowrl``).
+
+    Zhu et al. 2025, "FlowRL: Matching Reward Distributions for LLM Reasoning", eq. 6-7; see
+    ``rlforge.algorithms.flowrl``.  Not a verl key (verl has FlowRL only as a recipe).
+    """
+
+    beta: float = 15.0
+    """Reward scale beta in ``delta = log Z + mean log pi - beta * r_hat - mean log pi_ref`` (paper: 15); >= 0."""
+    reward: str = "group_norm"
+    """``r_hat``: ``group_norm`` = (score - group mean) / (group std + 1e-6) as GRPO; ``raw`` = sum of token rewards."""
+    use_ref: bool = True
+    """Keep the reference term ``mean_t log pi_ref``; false = uniform reference, term omitted (no ref forward needed)."""
+    weight_clamp_max: float | None = 10.0
+    """Upper clamp of the importance weight ``exp(sum_t (log pi - log pi_old))`` (a ratio, > 0); null = no upper clamp."""
+    weight_clamp_min: float | None = None
+    """Lower clamp of that weight (>= 0, below ``weight_clamp_max``); null = no lower clamp."""
+    log_z_hidden_size: int = 256
+    """Hidden width (units) of the MLP head predicting log Z(x) from the prompt's last hidden state; >= 1."""
+    log_z_lr_multiplier: float = 1.0
+    """Learning rate of the log-Z head = ``actor.optim.lr`` times this factor; > 0."""
+
+
+@dataclass
 class PolicyLossConfig:
     """Policy-loss variant (``actor.policy_loss``)."""
 
     loss_mode: str = "vanilla"
-    """Policy-loss registry name: ``vanilla`` (PPO clip), ``gspo``, ``clip_cov``, ``kl_cov``, ``gpg``, ..."""
+    """Policy-loss registry name: ``vanilla`` (PPO clip), ``gspo``, ``sapo``, ``gpg``, ``clip_cov``, ``kl_cov``,
+    ``geo_mean``, ``cispo``, ``flowrl``."""
     clip_cov_ratio: float = 0.0002
-    """Fraction of tokens clipped in ``clip_cov``."""
+    """Fraction of valid tokens whose gradient ``clip_cov`` drops (at least one token); > 0."""
     clip_cov_lb: float = 1.0
-    """Lower covariance bound in ``clip_cov``."""
+    """``clip_cov`` candidates have covariance strictly above this bound."""
     clip_cov_ub: float = 5.0
-    """Upper covariance bound in ``clip_cov``."""
+    """``clip_cov`` candidates have covariance strictly below this bound (> ``clip_cov_lb``)."""
     kl_cov_ratio: float = 0.0002
-    """Fraction of tokens penalised in ``kl_cov``."""
+    """Fraction of valid tokens (largest covariance, at least one) that ``kl_cov`` penalises; > 0."""
     ppo_kl_coef: float = 0.1
-    """KL coefficient in ``kl_cov``."""
+    """Coefficient of the ``|log pi - log pi_old|`` penalty in ``kl_cov`` (per token, nats)."""
+    flowrl: FlowRLConfig = field(default_factory=FlowRLConfig)
+    """FlowRL settings (``loss_mode=flowrl``)."""
 
 
 @dataclass
@@ -101,6 +128,10 @@ class ActorConfig:
     """Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher)."""
     clip_ratio_c: float = 3.0
     """Dual-clip constant for negative advantages (> 1)."""
+    tau_pos: float = 1.0
+    """SAPO gate temperature for tokens with positive advantage (``policy_loss.loss_mode=sapo``); > 0."""
+    tau_neg: float = 1.05
+    """SAPO gate temperature for tokens with negative advantage (larger = faster decay off-policy); > 0."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy-loss variant."""
     loss_agg_mode: str = "token-mean"

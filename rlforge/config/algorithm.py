@@ -39,6 +39,9 @@ class FilterGroupsConfig:
     """Per-response metric compared within a group (``acc``, ``score``, ``seq_reward``); None = ``seq_reward``."""
     max_num_gen_batches: int = 0
     """Give up after this many generation batches per step; 0 = no limit."""
+    proceed_on_limit: bool = False
+    """rlforge addition: at ``max_num_gen_batches``, train on the groups kept so far instead of
+    stopping with an error (verl always stops)."""
 
 
 @dataclass
@@ -50,9 +53,11 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """Advantage-estimator registry name: ``gae`` | ``grpo`` | ``rloo`` | ``reinforce_plus_plus`` | ``remax`` | ..."""
+    """Advantage-estimator registry name: ``gae`` | ``grpo`` | ``rloo`` | ``reinforce_plus_plus`` |
+    ``reinforce_plus_plus_baseline`` | ``remax`` | ``opo`` | ``gpg`` | ``grpo_passk``."""
     norm_adv_by_std_in_grpo: bool = True
-    """Divide GRPO advantages by the group std (False = Dr.GRPO)."""
+    """Divide GRPO (and ``grpo_passk``) advantages by the group std.  False together with
+    ``actor.loss_agg_mode=seq-mean-token-sum-norm`` = Dr.GRPO."""
     use_kl_in_reward: bool = False
     """Subtract a KL(actor || ref) penalty from token rewards."""
     kl_penalty: str = "kl"

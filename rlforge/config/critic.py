@@ -19,7 +19,7 @@ class CriticModelConfig:
     """Value model (``critic.model``)."""
 
     path: str | None = None
-    """Model to initialise the critic from; None = unset (required when ``algorithm.adv_estimator=gae``)."""
+    """Model to initialise the critic from (backbone + new value head); None = the actor's ``model.path``."""
     tokenizer_path: str = II("actor_rollout_ref.model.path")
     """Tokenizer location; defaults to the actor's model path."""
     override_config: dict[str, Any] = field(default_factory=dict)

@@ -7,6 +7,25 @@ from typing import Any
 
 
 @dataclass
+class DistributionTaskConfig:
+    """Target of ``builtin:distribution``: p*(x) ∝ Σ_k w_k exp(-(x - μ_k)² / width) on the
+    integers ``low..high`` (FlowRL, Zhu et al. 2025, §5 toy experiment)."""
+
+    weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.25])
+    """Mixture weights w_k (need not sum to 1; the target is normalised)."""
+    means: list[float] = field(default_factory=lambda: [20.0, 50.0, 80.0])
+    """Mixture centres μ_k (same length as ``weights``)."""
+    width: float = 10.0
+    """Denominator of the exponent (2σ²): exp(-(x - μ)² / width)."""
+    low: int = 1
+    """Smallest valid answer."""
+    high: int = 100
+    """Largest valid answer."""
+    invalid_reward: float = -50.0
+    """Reward (log-space) of an answer that is not an integer in ``low..high``."""
+
+
+@dataclass
 class BuiltinTaskConfig:
     """rlforge addition: generated tasks selected with ``data.train_files=builtin:<task>``."""
 
@@ -16,6 +35,8 @@ class BuiltinTaskConfig:
     """Number of generated training prompts."""
     val_size: int = 64
     """Number of generated validation prompts."""
+    distribution: DistributionTaskConfig = field(default_factory=DistributionTaskConfig)
+    """The target distribution of ``builtin:distribution``."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
 from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
@@ -21,7 +22,7 @@ __all__ = ["CHOICES", "effective_loggers", "uses_critic", "validate_config"]
 
 _ARR = "actor_rollout_ref"
 _LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+_KL = tuple(KL_ESTIMATORS.names())
 _STRATEGIES = ("fsdp", "fsdp2", "megatron")
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -36,10 +37,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     f"{_ARR}.actor.strategy": _STRATEGIES,
     "critic.strategy": _STRATEGIES,
+    f"{_ARR}.actor.policy_loss.flowrl.reward": ("group_norm", "raw"),
 }
 """Keys whose value must be one of a fixed set (registry-backed keys are checked by their registry)."""
 
-_GROUP_ESTIMATORS = ("grpo", "rloo")
+_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -55,7 +57,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
 
     Raises:
         ConfigError: a value outside its allowed set, a non-positive size, batch sizes that
-            do not divide, a missing ``critic.model.path`` for GAE, a bad ``trainer.device``.
+            do not divide, a bad ``trainer.device``.
     """
     _check_choices(cfg)
     _check_sizes(cfg)
@@ -65,11 +67,6 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                     actor.ppo_micro_batch_size, actor.ppo_micro_batch_size_per_gpu, n)
     if uses_critic(cfg):
         critic = cfg.critic
-        if critic.model.path is None:
-            raise ConfigError(
-                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains a critic but critic.model.path is "
-                f"not set; set critic.model.path (e.g. critic.model.path={cfg.actor_rollout_ref.model.path})"
-            )
         _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
     if not _DEVICE.match(cfg.trainer.device):
@@ -78,7 +75,56 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
     if actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"{_ARR}.actor.clip_ratio_c={actor.clip_ratio_c}: the dual-clip constant must be > 1.0")
+    if cfg.algorithm.adv_estimator == "grpo_passk" and n < 2:
+        raise ConfigError(f"algorithm.adv_estimator=grpo_passk needs a second-best response per prompt; "
+                          f"set {_ARR}.rollout.n>=2")
+    _check_policy_loss(cfg)
     return _warnings(cfg)
+
+
+def _check_policy_loss(cfg: RLForgeConfig) -> None:
+    """Value checks of the settings read by the selected ``actor.policy_loss.loss_mode``."""
+    actor = cfg.actor_rollout_ref.actor
+    pl, key = actor.policy_loss, f"{_ARR}.actor.policy_loss"
+    mode = pl.loss_mode
+    if mode == "sapo" and (actor.tau_pos <= 0 or actor.tau_neg <= 0):
+        raise ConfigError(f"{_ARR}.actor.tau_pos={actor.tau_pos} and {_ARR}.actor.tau_neg={actor.tau_neg}: "
+                          "both SAPO temperatures must be > 0")
+    if mode == "clip_cov" and pl.clip_cov_ratio <= 0:
+        raise ConfigError(f"{key}.clip_cov_ratio={pl.clip_cov_ratio}: must be > 0 for loss_mode=clip_cov")
+    if mode == "clip_cov" and pl.clip_cov_lb >= pl.clip_cov_ub:
+        raise ConfigError(f"{key}.clip_cov_lb={pl.clip_cov_lb} must be < {key}.clip_cov_ub={pl.clip_cov_ub}")
+    if mode == "kl_cov" and pl.kl_cov_ratio <= 0:
+        raise ConfigError(f"{key}.kl_cov_ratio={pl.kl_cov_ratio}: must be > 0 for loss_mode=kl_cov")
+    if mode == "flowrl":
+        _check_flowrl(cfg)
+
+
+def _check_flowrl(cfg: RLForgeConfig) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    f, key = actor.policy_loss.flowrl, f"{_ARR}.actor.policy_loss.flowrl"
+    if f.beta < 0:
+        raise ConfigError(f"{key}.beta={f.beta}: must be >= 0 (paper: 15)")
+    if f.weight_clamp_max is not None and f.weight_clamp_max <= 0:
+        raise ConfigError(f"{key}.weight_clamp_max={f.weight_clamp_max}: must be > 0, or null for no upper clamp")
+    if f.weight_clamp_min is not None and f.weight_clamp_min < 0:
+        raise ConfigError(f"{key}.weight_clamp_min={f.weight_clamp_min}: must be >= 0, or null for no lower clamp")
+    if (f.weight_clamp_min is not None and f.weight_clamp_max is not None
+            and f.weight_clamp_min >= f.weight_clamp_max):
+        raise ConfigError(f"{key}.weight_clamp_min={f.weight_clamp_min} must be < "
+                          f"{key}.weight_clamp_max={f.weight_clamp_max}")
+    if f.log_z_hidden_size < 1:
+        raise ConfigError(f"{key}.log_z_hidden_size={f.log_z_hidden_size}: must be >= 1")
+    if f.log_z_lr_multiplier <= 0:
+        raise ConfigError(f"{key}.log_z_lr_multiplier={f.log_z_lr_multiplier}: must be > 0")
+    n = cfg.actor_rollout_ref.rollout.n
+    micro = actor.ppo_micro_batch_size_per_gpu or actor.ppo_micro_batch_size
+    if f.reward == "group_norm" and micro is not None and micro % n:
+        raise ConfigError(
+            f"{key}.reward=group_norm normalizes within each prompt's group, but "
+            f"{_ARR}.actor.ppo_micro_batch_size_per_gpu={micro} splits groups of {_ARR}.rollout.n={n}; "
+            f"use a multiple of {n} or set {key}.reward=raw"
+        )
 
 
 def _check_choices(cfg: RLForgeConfig) -> None:
@@ -138,7 +184,13 @@ def _warnings(cfg: RLForgeConfig) -> list[str]:
     n = cfg.actor_rollout_ref.rollout.n
     if cfg.algorithm.adv_estimator in _GROUP_ESTIMATORS and n == 1:
         out.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} with {_ARR}.rollout.n=1: every group has one "
-                   f"response, so all advantages are 0; set {_ARR}.rollout.n>=2")
+                   f"response, so there is no group baseline (the estimator's size-1 rule applies); "
+                   f"set {_ARR}.rollout.n>=2")
+    actor = cfg.actor_rollout_ref.actor
+    if (actor.policy_loss.loss_mode == "flowrl" and actor.policy_loss.flowrl.reward == "group_norm"
+            and actor.use_dynamic_bsz):
+        out.append(f"{_ARR}.actor.use_dynamic_bsz packs micro batches by tokens and may split prompt groups; "
+                   f"{_ARR}.actor.policy_loss.flowrl.reward=group_norm then normalizes over partial groups")
     if cfg.algorithm.use_kl_in_reward and cfg.actor_rollout_ref.actor.use_kl_loss:
         out.append("algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both on: KL is penalised twice")
     for key in (f"{_ARR}.actor.ppo_micro_batch_size", "critic.ppo_micro_batch_size"):

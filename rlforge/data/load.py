@@ -23,7 +23,7 @@ def _builtin_rows(name: str, data_cfg: Any, split: str) -> list[dict[str, Any]]:
     size = builtin.train_size if split == "train" else builtin.val_size
     seed = data_cfg.seed if data_cfg.seed is not None else DEFAULT_SEED
     task = BUILTIN_TASKS.get(name)
-    return task(split=split, size=int(size), difficulty=int(builtin.difficulty), seed=int(seed))
+    return task(split=split, size=int(size), difficulty=int(builtin.difficulty), seed=int(seed), builtin=builtin)
 
 
 def load_rows(

@@ -27,8 +27,11 @@ def warmup_steps(optim_cfg: Any, total_steps: int) -> int:
     return int(float(optim_cfg.lr_warmup_steps_ratio) * total_steps)
 
 
-def build_optimizer(params: list[torch.nn.Parameter], optim_cfg: Any) -> torch.optim.Optimizer:
-    """AdamW with ``lr``, ``betas`` and ``weight_decay`` from ``optim_cfg``."""
+def build_optimizer(params: list[torch.nn.Parameter] | list[dict[str, Any]], optim_cfg: Any) -> torch.optim.Optimizer:
+    """AdamW with ``lr``, ``betas`` and ``weight_decay`` from ``optim_cfg``.
+
+    ``params`` may be parameter groups (dicts); a group's own ``lr`` overrides ``optim_cfg.lr``.
+    """
     betas = tuple(float(b) for b in (getattr(optim_cfg, "betas", None) or (0.9, 0.999)))
     return torch.optim.AdamW(
         params, lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.weight_decay)  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from rlforge.errors import ModelError
+from rlforge.models.builtin_tokenizers import BUILTIN_TOKENIZERS
 from rlforge.models.presets import PRESETS, preset_config
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -130,12 +131,15 @@ def _hf_folder(src: ModelSource) -> str:
 def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "actor_rollout_ref.model.path") -> PreTrainedTokenizerBase:
     """The tokenizer (with chat template) for a model path.
 
-    Presets use the default model's tokenizer unless ``tokenizer_path`` is given.  A
+    Presets use the default model's tokenizer unless ``tokenizer_path`` is given;
+    ``tokenizer_path=builtin:NAME`` builds one of :mod:`rlforge.models.builtin_tokenizers`.  A
     missing pad token is set to the EOS token.
 
     Raises:
         ModelError: if the path cannot be resolved.
     """
+    if tokenizer_path and tokenizer_path.startswith("builtin:"):
+        return BUILTIN_TOKENIZERS.get(tokenizer_path.split(":", 1)[1])()
     src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
     if src.kind == "preset":
         src = resolve_source(DEFAULT_MODEL)

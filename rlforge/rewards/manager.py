@@ -21,6 +21,7 @@ from rlforge.batch import Batch
 from rlforge.errors import RewardError
 from rlforge.registry import Registry
 from rlforge.rewards.custom import call_reward_fn, load_custom_reward_function
+from rlforge.rewards.overlong import overlong_penalty
 from rlforge.rewards.rules import default_compute_score
 
 
@@ -60,6 +61,8 @@ class RewardManager:
         custom_path: ``custom_reward_function.path`` (a ``.py`` file) or None for the rules.
         custom_name: ``custom_reward_function.name``.
         reward_fn_key: ``data.reward_fn_key``: the non-tensor field passed as ``data_source``.
+        overlong: ``(max_response_length, buffer_len, penalty_factor)`` to add DAPO's overlong
+            penalty (:mod:`rlforge.rewards.overlong`) to every score, or None.
 
     Raises:
         RewardError: the custom file/function cannot be loaded.
@@ -71,8 +74,10 @@ class RewardManager:
         custom_path: str | None = None,
         custom_name: str = "compute_score",
         reward_fn_key: str = "data_source",
+        overlong: tuple[int, int, float] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.overlong = overlong
         self.reward_fn_key = reward_fn_key
         custom_name = custom_name or "compute_score"
         if custom_path:
@@ -122,10 +127,16 @@ class RewardManager:
             scores.append(s)
             extras.append(ex)
         scores_t = torch.tensor(scores, dtype=torch.float32)
+        extra, extra_text = _collect_extras(extras)
+        if self.overlong is not None:
+            lengths = (mask.cpu() != 0).sum(-1)
+            penalty = overlong_penalty(lengths, *self.overlong)
+            scores_t = scores_t + penalty
+            extra["overlong_reward"] = penalty.tolist()
+            extra["overlong"] = (penalty < 0).float().tolist()
         token_level = torch.zeros(responses.shape, dtype=torch.float32)
         if responses.shape[-1]:
             token_level[torch.arange(n), last_valid_index(mask.cpu())] = scores_t
-        extra, extra_text = _collect_extras(extras)
         return RewardOutput(token_level.to(responses.device), scores_t, extra, extra_text, decoded)
 
 
@@ -148,7 +159,8 @@ REWARD_MANAGERS.register("naive")(RewardManager)
 
 def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
     """Build the manager named by ``cfg.reward_model.reward_manager`` from verl's config keys
-    ``custom_reward_function.{path,name}`` and ``data.reward_fn_key``.
+    ``custom_reward_function.{path,name}``, ``data.reward_fn_key`` and
+    ``reward_model.overlong_buffer.{enable,len,penalty_factor}``.
 
     Raises:
         ConfigError: unknown ``reward_model.reward_manager``.
@@ -156,6 +168,9 @@ def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
     """
     cls = REWARD_MANAGERS.get(cfg.reward_model.reward_manager)
     custom = cfg.custom_reward_function
+    ob = cfg.reward_model.overlong_buffer
+    overlong = (int(cfg.data.max_response_length), int(ob.len), float(ob.penalty_factor)) if ob.enable else None
     return cls(
-        tokenizer, custom_path=custom.path, custom_name=custom.name, reward_fn_key=cfg.data.reward_fn_key
+        tokenizer, custom_path=custom.path, custom_name=custom.name, reward_fn_key=cfg.data.reward_fn_key,
+        overlong=overlong,
     )

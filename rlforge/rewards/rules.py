@@ -63,3 +63,22 @@ def default_compute_score(
     return REWARD_RULES.get(data_source)(
         data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
     )
+
+
+@REWARD_RULES.register("rlforge/distribution")
+def distribution_log_target(
+    *, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float:
+    """``log p*(x)`` of the answer x under the target in ``ground_truth`` (JSON, see
+    :mod:`rlforge.data.tasks.distribution`); ``invalid_reward`` for a non-integer answer."""
+    import json
+
+    from rlforge.data.tasks.distribution import log_target
+
+    spec = json.loads(ground_truth)
+    text = solution_str.strip()
+    try:
+        x = int(text)
+    except ValueError:
+        return float(spec["invalid_reward"])
+    return log_target(spec, x)

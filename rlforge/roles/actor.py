@@ -21,7 +21,7 @@ from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_pen
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.roles.common import run_updates
-from rlforge.roles.forward import response_log_probs
+from rlforge.roles.forward import response_log_probs, response_log_probs_with_log_z
 
 
 class LogProbModel:
@@ -50,13 +50,16 @@ class Actor(LogProbModel):
         mini_batch_size: sequences per optimizer step (``ppo_mini_batch_size * rollout.n``).
         micro_batch_size: sequences per forward/backward.
         log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
+        with_log_z: the engine's module is a :class:`~rlforge.models.log_z.PolicyWithLogZ` whose
+            log Z(x) the policy loss needs (FlowRL).
     """
 
     def __init__(
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
-        log_prob_micro_batch_size: int,
+        log_prob_micro_batch_size: int, with_log_z: bool = False,
     ) -> None:
         super().__init__(engine, log_prob_micro_batch_size)
+        self.with_log_z = with_log_z
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
         self.train_micro_batch_size = micro_batch_size
@@ -67,13 +70,21 @@ class Actor(LogProbModel):
 
         def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
             need_entropy = cfg.entropy_coeff != 0
-            logp, ent = response_log_probs(module, mb, temperature, need_entropy)
+            log_z = None
+            if self.with_log_z:
+                logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy)
+            else:
+                logp, ent = response_log_probs(module, mb, temperature, need_entropy)
             mask = mb["response_mask"].float()
             glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs)
             out = self.policy_loss(
                 PolicyLossInputs(
                     old_log_prob=mb["old_log_probs"], log_prob=logp, advantages=mb["advantages"],
                     response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **glob,
+                    ref_log_prob=mb["ref_log_prob"] if "ref_log_prob" in mb else None,
+                    token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
+                    index=mb.non_tensor.get("uid"),
+                    log_z=log_z,
                 ),
                 cfg,
             )
@@ -94,9 +105,11 @@ class Actor(LogProbModel):
 
     def update(self, batch: Batch, temperature: float) -> dict[str, float]:
         """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix)."""
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                "old_log_probs", "advantages"] + (["ref_log_prob"] if self.cfg.use_kl_loss else [])
-        data = Batch(batch.tensors.select(*keys), {}, {})
+        keys = ["prompts", "input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                "old_log_probs", "advantages"]
+        keys += [k for k in ("ref_log_prob", "token_level_rewards") if k in batch]
+        uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
+        data = Batch(batch.tensors.select(*keys), uid, {})
         return run_updates(
             self.engine, data, self._loss_fn(temperature), self.mini_batch_size, self.train_micro_batch_size,
             self.cfg.ppo_epochs, "update_actor",

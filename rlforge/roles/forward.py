@@ -12,6 +12,7 @@ import torch
 
 from rlforge.algorithms import entropy_from_logits
 from rlforge.batch import Batch
+from rlforge.models.log_z import PolicyWithLogZ
 
 
 def _response_slice(mb: Batch) -> slice:
@@ -33,6 +34,17 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def _response_log_probs_from_logits(
+    logits: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = logits[:, _response_slice(mb)].float()
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = log_probs_from_logits(logits, mb["responses"])
+    ent = entropy_from_logits(logits) if with_entropy else None
+    return logp, ent
+
+
 def response_log_probs(
     module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -46,12 +58,18 @@ def response_log_probs(
         input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
         use_cache=False,
     )
-    logits = out.logits[:, _response_slice(mb)].float()
-    if temperature and temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp = log_probs_from_logits(logits, mb["responses"])
-    ent = entropy_from_logits(logits) if with_entropy else None
-    return logp, ent
+    return _response_log_probs_from_logits(out.logits, mb, temperature, with_entropy)
+
+
+def response_log_probs_with_log_z(
+    module: PolicyWithLogZ, mb: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """As :func:`response_log_probs`, plus FlowRL's log Z(x) ``(batch,)`` from the head."""
+    logits, log_z = module.forward_with_log_z(
+        mb["input_ids"], mb["attention_mask"], mb["position_ids"], prompt_len=mb["prompts"].shape[1]
+    )
+    logp, ent = _response_log_probs_from_logits(logits, mb, temperature, with_entropy)
+    return logp, ent, log_z
 
 
 def response_values(module: torch.nn.Module, mb: Batch) -> torch.Tensor:

@@ -13,10 +13,13 @@ from typing import Any
 
 import torch
 
+from rlforge.algorithms import POLICY_LOSSES
+from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine import ENGINES, TrainEngine, build_optimizer, build_scheduler
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
-from rlforge.rewards import RewardManager
+from rlforge.models.log_z import PolicyWithLogZ
+from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.rollout import ROLLOUTS, Rollout
@@ -82,6 +85,11 @@ def total_training_steps(cfg: Any, batches_per_epoch: int) -> int:
     return int(cfg.trainer.total_epochs) * batches_per_epoch
 
 
+def critic_model_path(cfg: Any) -> str:
+    """``critic.model.path``, or the actor's model path when unset (as verl's default)."""
+    return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
+
+
 @dataclass
 class Job:
     """The built parts of one job."""
@@ -99,10 +107,11 @@ class Job:
 
 
 def _engine(module: torch.nn.Module, device: torch.device, optim_cfg: Any | None, grad_clip: float,
-            total_steps: int, key: str) -> TrainEngine:
+            total_steps: int, key: str, param_groups: list[dict[str, Any]] | None = None) -> TrainEngine:
     opt = sched = None
     if optim_cfg is not None:
-        opt = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg)
+        params = param_groups or [p for p in module.parameters() if p.requires_grad]
+        opt = build_optimizer(params, optim_cfg)
         sched = build_scheduler(opt, optim_cfg, total_steps, key)
     return ENGINES.get(_ENGINE)(module, device, opt, sched, grad_clip=grad_clip, autocast_dtype=autocast_dtype(device))
 
@@ -134,34 +143,44 @@ def build_job(cfg: Any) -> Job:
     actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
     if arr.model.enable_gradient_checkpointing and device.type == "cuda":
         actor_module.gradient_checkpointing_enable()
-    need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
+    loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
+    needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))
+    loss_needs_ref = bool(getattr(loss_fn, "needs_ref_log_prob", lambda _cfg: False)(arr.actor))
+    need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or loss_needs_ref
     ref = None
     if need_ref:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
         ref = LogProbModel(_engine(ref_module, device, None, 0.0, steps, ""), sizes["ref_micro"])
+    trained: torch.nn.Module = actor_module
+    param_groups = None
+    if needs_log_z:
+        flow = arr.actor.policy_loss.flowrl
+        trained = PolicyWithLogZ(actor_module, int(flow.log_z_hidden_size))
+        lm_params, head_params = trained.lm_and_head_parameters()
+        param_groups = [
+            {"params": lm_params},
+            {"params": head_params, "lr": float(arr.actor.optim.lr) * float(flow.log_z_lr_multiplier)},
+        ]
     actor_engine = _engine(
-        actor_module, device, arr.actor.optim, arr.actor.grad_clip, steps, "actor_rollout_ref.actor.optim"
+        trained, device, arr.actor.optim, arr.actor.grad_clip, steps, "actor_rollout_ref.actor.optim",
+        param_groups=param_groups,
     )
-    actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"])
+    actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"],
+                  with_log_z=needs_log_z)
 
     critic = None
-    if cfg.algorithm.adv_estimator == "gae":
-        cpath = cfg.critic.model.path or arr.model.path
-        critic_module = load_value_model(cpath, tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed)
+    if uses_critic(cfg):
+        critic_module = load_value_model(critic_model_path(cfg), tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed)
         critic_engine = _engine(critic_module, device, cfg.critic.optim, cfg.critic.grad_clip, steps, "critic.optim")
         critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
                         sizes["critic_forward_micro"])
 
     eos_ids = _eos_ids(tokenizer, actor_module)
     rollout = ROLLOUTS.get(rollout_name(cfg))(
-        actor_engine.module, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
+        actor_module, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
     )
-    reward = RewardManager(
-        tokenizer,
-        custom_path=cfg.custom_reward_function.path,
-        custom_name=cfg.custom_reward_function.name or "compute_score",
-        reward_fn_key=cfg.data.reward_fn_key,
-    )
+    reward = build_reward_manager(cfg, tokenizer)
     return Job(tokenizer, device, actor, ref, critic, rollout, reward, train_loader, val_loader, steps)
 
 

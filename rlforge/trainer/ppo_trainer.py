@@ -2,7 +2,11 @@
 
 One step, each stage timed as ``timing_s/<stage>`` (see docs/architecture.md):
 
-    gen -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
+    gen (-> gen_max) -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
+
+``gen_max`` (a greedy rollout per prompt, whose score is the baseline) runs for estimators
+that declare ``needs_reward_baselines`` (ReMax).  With DAPO dynamic sampling
+(``algorithm.filter_groups``) gen and reward repeat until enough groups qualify.
 
 ``ref`` runs only with ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``; ``values``
 and ``update_critic`` only with a critic (``adv_estimator=gae``); ``update_actor`` starts
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,11 +31,13 @@ from rlforge.algorithms import (
     build_kl_controller,
 )
 from rlforge.batch import Batch
+from rlforge.errors import RLForgeError
 from rlforge.perf.timer import timed
 from rlforge.rollout import SamplingParams
 from rlforge.tracking import Tracking
 from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer.build import Job, build_job
+from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
 from rlforge.trainer.metrics import data_metrics, throughput_metrics
 from rlforge.trainer.validation import validate
 
@@ -137,15 +144,7 @@ class PPOTrainer:
         temperature = float(arr.rollout.temperature)
         m: dict[str, float] = {}
         with timed("step", m):
-            prompts = job.train_loader.next_batch()
-            prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-            with timed("gen", m):
-                batch = job.rollout.generate(prompts.repeat_interleave(arr.rollout.n), self._sampling())
-            with timed("reward", m):
-                rw = job.reward.score(batch)
-                batch["token_level_scores"] = rw.token_level_scores
-                for k, v in rw.extra.items():
-                    m[f"reward_extra/{k}/mean"] = float(np.mean(v))
+            batch = self._collect(m)
             with timed("old_log_prob", m):
                 out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                 batch["old_log_probs"] = out["log_probs"]
@@ -171,9 +170,69 @@ class PPOTrainer:
                 job.rollout.sync_weights()
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
+        for key, values in batch.non_tensor.items():
+            if key.startswith("reward_extra/"):
+                m[f"{key}/mean"] = float(np.nanmean(np.asarray(values, dtype=np.float64)))
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
         return m
+
+    def _generate_and_score(self, m: dict[str, float]) -> Batch:
+        """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
+        ``reward`` for the next batch of prompts."""
+        job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
+        prompts = job.train_loader.next_batch()
+        prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        with timed("gen", m):
+            batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
+        if getattr(self.adv_fn, "needs_reward_baselines", False):
+            with timed("gen_max", m):
+                greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))
+                baseline = job.reward.score(greedy).scores
+            batch["reward_baselines"] = baseline.repeat_interleave(n)
+        with timed("reward", m):
+            rw = job.reward.score(batch)
+            batch["token_level_scores"] = rw.token_level_scores
+            for k, v in rw.extra.items():
+                batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
+        return batch
+
+    def _collect(self, m: dict[str, float]) -> Batch:
+        """Generate and score ``data.train_batch_size`` prompt groups; with DAPO dynamic
+        sampling (``algorithm.filter_groups.enable``) keep generating until that many groups
+        with a non-zero spread are found or ``max_num_gen_batches`` is reached."""
+        fg = self.cfg.algorithm.filter_groups
+        if not fg.enable:
+            return self._generate_and_score(m)
+        want = int(self.cfg.data.train_batch_size)
+        kept: list[Batch] = []
+        num_kept = num_dropped = num_gen = 0
+        while num_kept < want:
+            if fg.max_num_gen_batches > 0 and num_gen >= fg.max_num_gen_batches:
+                if not fg.proceed_on_limit or num_kept == 0:
+                    raise RLForgeError(
+                        f"dynamic sampling kept {num_kept} of {want} prompt groups after "
+                        f"algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches} generation batches "
+                        "(the rest had zero reward spread). Raise max_num_gen_batches (0 = no limit), use easier "
+                        "data, or set algorithm.filter_groups.proceed_on_limit=true to train on what was kept."
+                        if not fg.proceed_on_limit
+                        else f"dynamic sampling kept no prompt group in {num_gen} generation batches "
+                        "(algorithm.filter_groups.max_num_gen_batches): every group had zero reward spread, "
+                        "so there is nothing to train on. Use easier data or raise max_num_gen_batches."
+                    )
+                break
+            batch = self._generate_and_score(m)
+            num_gen += 1
+            uids = kept_groups(batch.non_tensor["uid"], sequence_metric(batch, fg.metric))
+            uids = uids[: want - num_kept]
+            num_dropped += len(set(batch.non_tensor["uid"].tolist())) - len(uids)
+            num_kept += len(uids)
+            if uids:
+                kept.append(select_groups(batch, uids))
+        m["train/num_gen_batches"] = float(num_gen)
+        m["filter_groups/kept"] = float(num_kept)
+        m["filter_groups/dropped"] = float(num_dropped)
+        return Batch.concat(kept)
 
     def _advantages(self, batch: Batch, m: dict[str, float]) -> None:
         alg = self.cfg.algorithm
@@ -190,6 +249,7 @@ class PPOTrainer:
             AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"].float(),
                 index=batch.non_tensor["uid"], values=batch["values"] if "values" in batch else None,
+                reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
             ),
             alg,
         )

@@ -193,7 +193,6 @@ def test_later_work_rows_fire_only_when_set() -> None:
         (["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
         (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], "lr_scheduler_type='linear'"),
         (["actor_rollout_ref.actor.loss_agg_mode=sum"], "loss_agg_mode='sum'"),
-        (["algorithm.adv_estimator=gae"], "set critic.model.path"),
         (["algorithm.adv_estimator=gae", "critic.model.path=m", "critic.ppo_micro_batch_size_per_gpu=5"],
          "critic.ppo_mini_batch_size * actor_rollout_ref.rollout.n"),
     ],
@@ -203,6 +202,15 @@ def test_validation_errors_name_keys(overrides: list[str], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         validate_config(cfg)
     assert needle in str(err.value)
+
+
+def test_gae_without_critic_path_uses_the_actor_path() -> None:
+    # verl's critic.model.path defaults to the actor's model; rlforge's None means the same.
+    cfg = load_config(["algorithm.adv_estimator=gae"], job="default")
+    assert validate_config(cfg) == []
+    from rlforge.trainer.build import critic_model_path
+
+    assert critic_model_path(cfg) == "smollm2-135m-instruct"
 
 
 def test_micro_batch_counts_sequences() -> None:

@@ -160,7 +160,7 @@ def test_reward_fn_key(smol_tokenizer) -> None:
 def test_build_from_config(smol_tokenizer, tmp_path) -> None:
     path = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info):\n    return 2.0\n")
     cfg = SimpleNamespace(
-        reward_model=SimpleNamespace(reward_manager="naive"),
+        reward_model=SimpleNamespace(reward_manager="naive", overlong_buffer=SimpleNamespace(enable=False)),
         custom_reward_function=SimpleNamespace(path=path, name="f"),
         data=SimpleNamespace(reward_fn_key="data_source"),
     )

@@ -1,6 +1,9 @@
 """Built-in generated tasks (``builtin:<name>`` in ``data.train_files``/``data.val_files``)."""
 
-from rlforge.data.tasks import arithmetic  # noqa: F401  (registers builtin:arithmetic)
+from rlforge.data.tasks import (
+    arithmetic,  # noqa: F401  (registers builtin:arithmetic)
+    distribution,  # noqa: F401  (registers builtin:distribution)
+)
 from rlforge.data.tasks.registry import BUILTIN_TASKS, BuiltinTask
 
 __all__ = ["BUILTIN_TASKS", "BuiltinTask"]

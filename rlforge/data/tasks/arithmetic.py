@@ -85,7 +85,9 @@ def make_problem(rng: random.Random, difficulty: int) -> tuple[str, int]:
 
 
 @BUILTIN_TASKS.register("arithmetic")
-def generate_arithmetic(*, split: str, size: int, difficulty: int, seed: int) -> list[dict[str, Any]]:
+def generate_arithmetic(
+    *, split: str, size: int, difficulty: int, seed: int, builtin: Any = None
+) -> list[dict[str, Any]]:
     """Generate ``size`` verl-format arithmetic rows for ``split``.
 
     Raises:

@@ -1,0 +1,144 @@
+"""The ``rlforge`` command line as a user runs it (a subprocess): user mistakes exit with
+status 2 and one message naming the key, file or row, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+TINY = ["actor_rollout_ref.model.path=preset:tiny", "trainer.device=cpu"]
+# one prompt per step and one response per prompt: the smallest job that reaches data loading
+ONE = ["data.val_files=null", "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=2",
+       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]
+
+
+def cli(*args: str, module: str = "rlforge.cli", cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=ENV,
+                          timeout=120, cwd=cwd)
+
+
+def user_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Assert a clean user error (status 2, no traceback) whose message contains ``fragments``."""
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(errors) == 1, res.stderr
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+    return errors[0]
+
+
+def test_unknown_key_suggests_closest():
+    user_error(cli("train", "trainer.total_training_step=2"),
+               "'trainer.total_training_step'", "'trainer.total_training_steps'")
+
+
+def test_wrong_type_names_key_and_value():
+    user_error(cli("train", "trainer.total_training_steps=abc"), "trainer.total_training_steps", "abc", "int")
+
+
+def test_batch_size_that_does_not_divide():
+    user_error(cli("train", "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2"),
+               "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+
+
+def test_missing_data_file():
+    user_error(cli("train", *TINY, *ONE, "data.train_files=/nonexistent.parquet"), "/nonexistent.parquet")
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _row(content: str) -> dict:
+    return {"prompt": [{"role": "user", "content": content}], "data_source": "x",
+            "reward_model": {"ground_truth": "1"}}
+
+
+def test_data_rows(tmp_path):
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [_row("hi"), _row("ho"), {"data_source": "x"}])
+    user_error(cli("train", *TINY, *ONE, f"data.train_files={bad}"), bad, "row 2", "prompt")
+
+
+def test_prompt_longer_than_max_prompt_length(tmp_path):
+    long = _write_jsonl(tmp_path / "long.jsonl", [_row("short"), _row("a rather long prompt " * 10)])
+    user_error(cli("train", *TINY, *ONE, f"data.train_files={long}", "data.max_prompt_length=40",
+                   "data.truncation=error"), long, "row 1", "data.max_prompt_length=40")
+
+
+def test_model_path_missing(tmp_path):
+    missing = str(tmp_path / "no_model")
+    user_error(cli("train", *ONE, f"actor_rollout_ref.model.path={missing}"),
+               "actor_rollout_ref.model.path", missing)
+
+
+def test_custom_reward_file_missing(tmp_path):
+    missing = str(tmp_path / "nope.py")
+    user_error(cli("train", *TINY, *ONE, f"custom_reward_function.path={missing}"),
+               "custom_reward_function.path", missing)
+
+
+def test_custom_reward_function_raises(tmp_path):
+    fn = tmp_path / "reward.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    raise ZeroDivisionError('boom in user code')\n")
+    res = cli("train", *TINY, *ONE, "data.max_response_length=2", "trainer.total_training_steps=1",
+              "trainer.logger=[file]", f"trainer.default_local_dir={tmp_path / 'run'}",
+              f"custom_reward_function.path={fn}")
+    user_error(res, "sample 0", "rlforge/arithmetic", "boom in user code")
+
+
+def test_print_config_is_the_default_job():
+    res = cli("train", "--print-config")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "adv_estimator: grpo" in res.stdout
+    assert "train_files: builtin:arithmetic" in res.stdout
+
+
+def test_main_ppo_print_config_starts_from_verl_defaults():
+    res = cli("--print-config", module="rlforge.trainer.main_ppo")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 0, res.stderr
+    assert "adv_estimator: gae" in res.stdout
+    assert "train_batch_size: 1024" in res.stdout
+
+
+def test_main_ppo_takes_verl_overrides():
+    res = cli("--print-config", "critic.model.path=preset:tiny", "data.train_batch_size=2048",
+              module="rlforge.trainer.main_ppo")
+    assert res.returncode == 0, res.stderr
+    assert "adv_estimator: gae" in res.stdout
+    assert "train_batch_size: 2048" in res.stdout
+
+
+GSM8K = Path("/work/shared/data/gsm8k")
+
+
+@pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason="GSM8K source files not present")
+def test_data_gsm8k_writes_both_splits(tmp_path):
+    out = tmp_path / "out"
+    res = cli("data", "gsm8k", "--src", str(GSM8K), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    import pyarrow.parquet as pq
+
+    for split in ("train", "test"):
+        n_src = sum(1 for line in (GSM8K / f"{split}.jsonl").read_text().splitlines() if line.strip())
+        table = pq.read_table(out / f"{split}.parquet")
+        assert table.num_rows == n_src
+        assert f"wrote {n_src} rows to {out / (split + '.parquet')}" in res.stdout
+        assert {"prompt", "data_source", "reward_model"} <= set(table.column_names)
+
+
+def test_data_gsm8k_missing_src(tmp_path):
+    missing = str(tmp_path / "nowhere")
+    user_error(cli("data", "gsm8k", "--src", missing, "--out", str(tmp_path / "out")), missing)

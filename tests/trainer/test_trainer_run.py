@@ -1,0 +1,130 @@
+"""End-to-end training runs on ``preset:tiny`` through ``rlforge.cli.main`` (in-process, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlforge.cli import main
+
+SMALL = [
+    "actor_rollout_ref.model.path=preset:tiny",
+    "trainer.device=cpu",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "data.max_response_length=8",
+    "data.val_batch_size=8",
+    "data.builtin.val_size=8",
+    "data.builtin.train_size=64",
+]
+FAST = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[file]"]
+
+
+def run(tmp: Path, *extra: str) -> list[dict]:
+    rc = main(["train", *SMALL, f"trainer.default_local_dir={tmp}", *extra])
+    assert rc == 0
+    return [json.loads(line) for line in (tmp / "metrics.jsonl").read_text().splitlines()]
+
+
+STEP_METRICS = [
+    *(f"critic/score/{s}" for s in ("mean", "max", "min")),
+    "critic/rewards/mean",
+    *(f"critic/advantages/{s}" for s in ("mean", "max", "min")),
+    "critic/returns/mean",
+    *(f"response_length/{s}" for s in ("mean", "max", "min", "clip_ratio")),
+    "prompt_length/mean",
+    *(f"actor/{s}" for s in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm", "lr")),
+    *(f"perf/{s}" for s in ("throughput", "time_per_step", "total_num_tokens")),
+    "training/global_step",
+    "training/epoch",
+    *(f"timing_s/{s}" for s in ("gen", "reward", "old_log_prob", "adv", "update_actor", "step")),
+    "val-core/rlforge/arithmetic/reward/mean@1",
+]
+
+
+def test_grpo_run_logs_verl_metrics(tmp_path):
+    rows = run(tmp_path, "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.test_freq=1")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert set(rows[0]) - {"step", "timing_s/testing"} == {"val-core/rlforge/arithmetic/reward/mean@1"}
+    for r in rows[1:]:
+        missing = [k for k in STEP_METRICS if k not in r]
+        assert not missing, f"step {r['step']} lacks {missing}"
+        assert r["training/global_step"] == r["step"]
+        assert r["response_length/min"] >= 1
+        assert r["response_length/max"] <= 8
+        assert r["response_length/min"] <= r["response_length/mean"] <= r["response_length/max"]
+        assert 0.0 <= r["critic/score/mean"] <= 1.0
+        assert 0.0 <= r["val-core/rlforge/arithmetic/reward/mean@1"] <= 1.0
+        assert r["critic/score/min"] <= r["critic/score/mean"] <= r["critic/score/max"]
+        assert r["critic/rewards/mean"] == r["critic/score/mean"]  # no KL in the reward
+        assert r["actor/lr"] == pytest.approx(1e-5)  # the default job's lr, constant schedule
+        assert r["perf/total_num_tokens"] > 0 and r["perf/throughput"] > 0
+        assert r["timing_s/step"] >= r["timing_s/gen"] + r["timing_s/update_actor"]
+        assert "timing_s/ref" not in r and "actor/kl_loss" not in r
+        assert "critic/vf_loss" not in r and "timing_s/values" not in r
+    assert rows[1]["training/epoch"] == 0
+
+
+def test_kl_loss_runs_reference(tmp_path):
+    rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "actor_rollout_ref.actor.use_kl_loss=True")
+    (r,) = rows
+    assert "timing_s/ref" in r
+    assert "actor/kl_loss" in r
+    # before the first update the actor is the reference: the KL is zero
+    assert r["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_gae_trains_critic(tmp_path):
+    rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "algorithm.adv_estimator=gae",
+               "critic.model.path=preset:tiny")
+    (r,) = rows
+    for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
+              "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
+        assert k in r, k
+
+
+def test_kl_in_reward_adaptive(tmp_path):
+    rows = run(tmp_path, *FAST, "trainer.total_training_steps=2", "algorithm.use_kl_in_reward=True",
+               "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.1")
+    for r in rows:
+        assert "actor/reward_kl_penalty" in r and "actor/reward_kl_penalty_coeff" in r
+        assert "timing_s/ref" in r
+    # step 1: actor == reference, so the penalty is zero and rewards equal scores
+    assert rows[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[0]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
+    assert rows[1]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.1)  # adaptive: the coefficient moved
+
+
+RESUME_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "actor/grad_norm",
+               "actor/ppo_kl"]
+
+
+def test_save_and_resume_reproduces_uninterrupted_run(tmp_path):
+    # make the run depend on the weights: a larger lr, so a lost optimizer state or a wrong RNG shows
+    common = [*FAST, "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01"]
+    a = run(tmp_path / "a", *common, "trainer.total_training_steps=3", "trainer.save_freq=-1")
+    b_dir = tmp_path / "b"
+    b1 = run(b_dir, *common, "trainer.total_training_steps=2", "trainer.save_freq=2")
+    assert [r["step"] for r in b1] == [1, 2]
+    ckpt = b_dir / "global_step_2"
+    assert (ckpt / "trainer_state.pt").is_file()
+    assert (ckpt / "actor" / "state.pt").is_file()
+    assert (b_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert not [p.name for p in b_dir.iterdir() if p.name.startswith(".global_step_")]
+
+    b = run(b_dir, *common, "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.resume_mode=auto")
+    assert [r["step"] for r in b] == [1, 2, 3]  # the file logger appends on resume
+    for k in RESUME_KEYS:
+        assert b[1][k] == pytest.approx(a[1][k], rel=1e-6, abs=1e-9), k  # same first two steps
+        assert b[2][k] == pytest.approx(a[2][k], rel=1e-6, abs=1e-9), k
+    assert a[2]["actor/pg_loss"] != a[1]["actor/pg_loss"] or a[2]["actor/entropy"] != a[1]["actor/entropy"]
+
+
+def test_resume_mode_disable_starts_fresh(tmp_path):
+    run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.save_freq=1")
+    rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.resume_mode=disable")
+    assert [r["step"] for r in rows] == [1, 1]
