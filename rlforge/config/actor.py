@@ -77,6 +77,9 @@ class FlowRLConfig:
     """Lower clamp of that weight (>= 0, below ``weight_clamp_max``); null = no lower clamp."""
     log_z_hidden_size: int = 256
     """Hidden width (units) of the MLP head predicting log Z(x) from the prompt's last hidden state; >= 1."""
+    export_log_z: bool = False
+    """Also write the log Z head (``log_z_head.safetensors``) into exported Hugging Face folders
+    (``actor.checkpoint.save_contents`` with ``hf_model``); by default the export is the policy alone."""
     log_z_lr_multiplier: float = 1.0
     """Learning rate of the log-Z head = ``actor.optim.lr`` times this factor; > 0."""
 

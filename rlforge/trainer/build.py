@@ -97,6 +97,7 @@ class Job:
     tokenizer: Any
     device: torch.device
     actor: Actor
+    actor_lm: torch.nn.Module
     ref: LogProbModel | None
     critic: Critic | None
     rollout: Rollout
@@ -181,7 +182,7 @@ def build_job(cfg: Any) -> Job:
         actor_module, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
     )
     reward = build_reward_manager(cfg, tokenizer)
-    return Job(tokenizer, device, actor, ref, critic, rollout, reward, train_loader, val_loader, steps)
+    return Job(tokenizer, device, actor, actor_module, ref, critic, rollout, reward, train_loader, val_loader, steps)
 
 
 def _eos_ids(tokenizer: Any, module: torch.nn.Module) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None,
+    exports: dict[str, Callable[[Path], None]] | None = None,
+) -> Path:
     """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically.
 
-    Returns the checkpoint folder.  Older checkpoints beyond ``max_to_keep`` are removed.
+    ``exports`` maps a sub-folder (e.g. ``actor/huggingface``) to a function that writes
+    into it; they run inside the temporary folder, so they are atomic too.  Returns the
+    checkpoint folder.  Older checkpoints beyond ``max_to_keep`` are removed.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -60,6 +66,9 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, dict[str, Any]
             else:
                 (tmp / name).mkdir()
                 torch.save(state, tmp / name / "state.pt")
+        for sub, write in (exports or {}).items():
+            (tmp / sub).mkdir(parents=True, exist_ok=True)
+            write(tmp / sub)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,31 @@ class PPOTrainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": ckpt.rng_state(),
         }
-        ckpt.save_checkpoint(self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep)
+        ckpt.save_checkpoint(
+            self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports()
+        )
+
+    def _exports(self) -> dict[str, Any]:
+        """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
+        (``actor/huggingface``) with the tokenizer; FlowRL's log Z head only when
+        ``policy_loss.flowrl.export_log_z`` asks for it."""
+        actor_cfg = self.cfg.actor_rollout_ref.actor
+        if "hf_model" not in actor_cfg.checkpoint.save_contents:
+            return {}
+        lm, tok = self.job.actor_lm, self.job.tokenizer
+        head = getattr(self.job.actor.engine.module, "log_z_head", None)
+        export_head = head is not None and actor_cfg.policy_loss.flowrl.export_log_z
+
+        def write(folder: Path) -> None:
+            lm.save_pretrained(folder)
+            tok.save_pretrained(folder)
+            if export_head:
+                from safetensors.torch import save_file
+
+                save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
+                          str(folder / "log_z_head.safetensors"))
+
+        return {"actor/huggingface": write}
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:

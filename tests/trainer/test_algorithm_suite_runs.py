@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlforge.algorithms import ADV_ESTIMATORS, POLICY_LOSSES
+from rlforge.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from rlforge.cli import main
 
 DIST = [
@@ -97,3 +97,31 @@ def test_overlong_shaping_is_logged(tmp_path):
     )
     # every response has length 1 = max_response_length: penalty -0.5 each
     assert row["reward_extra/overlong_reward/mean"] == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names())
+def test_every_kl_estimator_runs_as_kl_loss(tmp_path, name):
+    row = one_step(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", f"actor_rollout_ref.actor.kl_loss_type={name}")
+    # the first update starts at the reference weights: every estimator's KL is 0 there
+    assert row["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("export_log_z", [False, True])
+def test_hf_export_leaves_out_the_log_z_head_unless_asked(tmp_path, export_log_z):
+    import torch
+
+    from rlforge.models import load_causal_lm, load_tokenizer
+
+    one_step(
+        tmp_path, "actor_rollout_ref.actor.policy_loss.loss_mode=flowrl", "trainer.save_freq=1",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        f"actor_rollout_ref.actor.policy_loss.flowrl.export_log_z={str(export_log_z).lower()}",
+    )
+    hf = tmp_path / "global_step_1" / "actor" / "huggingface"
+    assert (hf / "log_z_head.safetensors").exists() == export_log_z
+    tok = load_tokenizer(str(hf))
+    exported = load_causal_lm(str(hf), tok).state_dict()
+    state = torch.load(tmp_path / "global_step_1" / "actor" / "state.pt", weights_only=False)["model"]
+    assert not any("log_z" in k for k in exported)
+    for k, v in exported.items():
+        assert torch.equal(v, state[f"lm.{k}"]), k
