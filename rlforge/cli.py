@@ -42,6 +42,12 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     if print_config:
         print(format_config(cfg))
         return 0
+    from rlforge.launch import maybe_launch
+
+    argv = ["--job", job or "none", *(["--config", config_file] if config_file else []), *overrides]
+    launched = maybe_launch(cfg, argv)
+    if launched is not None:
+        return launched
     from rlforge.trainer.ppo_trainer import PPOTrainer
 
     PPOTrainer(cfg, effective_loggers(cfg)).fit()

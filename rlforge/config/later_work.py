@@ -68,8 +68,6 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.hybrid_engine", lambda v: v is False, "{key}=False is not available; actor and rollout share one process"),
     LaterWork(f"{_ARR}.actor.strategy", lambda v: v == "megatron", "{key}=megatron is not available in this build; using fsdp"),
     LaterWork("critic.strategy", lambda v: v == "megatron", "{key}=megatron is not available in this build; using fsdp"),
-    LaterWork(f"{_ARR}.actor.use_dynamic_bsz", lambda v: v is True,
-              "{key}=True: token-count micro batching is not available yet; using ppo_micro_batch_size_per_gpu"),
     LaterWork(f"{_ARR}.actor.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v is True, _NOT_HERE),

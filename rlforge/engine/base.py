@@ -46,12 +46,19 @@ class TrainEngine(ABC):
     device: torch.device
 
     @abstractmethod
-    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int) -> dict[str, torch.Tensor]:
-        """Run ``forward_fn`` without gradients over micro-batches; concatenate the outputs on CPU."""
+    def infer(
+        self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int, max_token_len: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Run ``forward_fn`` without gradients over micro-batches; concatenate the outputs on
+        CPU in the original row order.  ``max_token_len`` (dynamic batching) forms the
+        micro-batches by token budget instead of ``micro_batch_size`` rows."""
 
     @abstractmethod
-    def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
-        """One optimizer step on ``mini_batch`` with gradient accumulation over micro-batches.
+    def train_step(
+        self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int, max_token_len: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on ``mini_batch`` with gradient accumulation over micro-batches
+        (``micro_batch_size`` rows each, or a token budget of ``max_token_len``).
 
         Returns the micro-batch metrics (loss shares summed, others averaged) plus
         ``grad_norm``.
@@ -73,6 +80,18 @@ class TrainEngine(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output."""
+
+
+def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: int | None, key: str,
+                  group: object = None) -> tuple[list[Batch], torch.Tensor | None]:
+    """The micro-batches of ``batch`` and, for token-budget batches, the permutation that
+    restores the original order of concatenated outputs (None when the order is kept)."""
+    if max_token_len is None:
+        return batch.split(micro_batch_size), None
+    from rlforge.engine.dynamic_batch import restore_order, split_by_token_budget
+
+    parts, order = split_by_token_budget(batch, max_token_len, key, group)
+    return parts, restore_order(order)
 
 
 ENGINES: Registry[type[TrainEngine]] = Registry("training engine", "actor_rollout_ref.actor.strategy")

@@ -19,7 +19,7 @@ import torch
 
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
-from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine
+from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
 
 
 def _merge_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
@@ -64,28 +64,35 @@ class LocalEngine(TrainEngine):
         )
 
     @torch.no_grad()
-    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int) -> dict[str, torch.Tensor]:
+    def infer(
+        self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int, max_token_len: int | None = None
+    ) -> dict[str, torch.Tensor]:
         was_training = self.module.training
         self.module.eval()
         outs: dict[str, list[torch.Tensor]] = defaultdict(list)
+        parts, restore = micro_batches(batch, micro_batch_size, max_token_len, "log_prob_max_token_len_per_gpu")
         try:
-            for mb in batch.split(micro_batch_size):
+            for mb in parts:
                 with self.autocast():
                     res = forward_fn(self.module, mb.to(self.device))
                 for k, v in res.items():
                     outs[k].append(v.float().cpu())
         finally:
             self.module.train(was_training)
-        return {k: torch.cat(v, 0) for k, v in outs.items()}
+        cat = {k: torch.cat(v, 0) for k, v in outs.items()}
+        return cat if restore is None else {k: v[restore] for k, v in cat.items()}
 
-    def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+    def train_step(
+        self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int, max_token_len: int | None = None
+    ) -> dict[str, float]:
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (forward-only model)")
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale(**loss_agg_globals(mini_batch["response_mask"].float()))
         per_micro: list[dict[str, float]] = []
-        for mb in mini_batch.split(micro_batch_size):
+        parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu")
+        for mb in parts:
             with self.autocast():
                 loss, metrics = loss_fn(self.module, mb.to(self.device), scale)
             loss.backward()

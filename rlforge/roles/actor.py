@@ -20,25 +20,38 @@ import torch
 from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_penalty
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
+from rlforge.engine.packing import packed_response_log_probs
 from rlforge.roles.common import run_updates
 from rlforge.roles.forward import response_log_probs, response_log_probs_with_log_z
 
 
 class LogProbModel:
-    """Forward-only log-probs (the reference policy, or the actor's ``old_log_prob``)."""
+    """Forward-only log-probs (the reference policy, or the actor's ``old_log_prob``).
 
-    def __init__(self, engine: TrainEngine, micro_batch_size: int) -> None:
+    Args:
+        engine: the model's engine.
+        micro_batch_size: rows per forward.
+        max_token_len: token budget per forward (dynamic batching), or None for fixed rows.
+        remove_padding: padding-free forward over packed sequences (``model.use_remove_padding``).
+    """
+
+    def __init__(
+        self, engine: TrainEngine, micro_batch_size: int, max_token_len: int | None = None,
+        remove_padding: bool = False,
+    ) -> None:
         self.engine = engine
         self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
+        self.log_probs_fn = packed_response_log_probs if remove_padding else response_log_probs
 
     def compute_log_prob(self, batch: Batch, temperature: float, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``{"log_probs": (batch, response_len)}`` and, if asked, ``"entropys"``, float32 on CPU."""
 
         def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
-            logp, ent = response_log_probs(module, mb, temperature, with_entropy)
+            logp, ent = self.log_probs_fn(module, mb, temperature, with_entropy)
             return {"log_probs": logp, **({"entropys": ent} if ent is not None else {})}
 
-        return self.engine.infer(batch, fwd, self.micro_batch_size)
+        return self.engine.infer(batch, fwd, self.micro_batch_size, self.max_token_len)
 
 
 class Actor(LogProbModel):
@@ -51,15 +64,20 @@ class Actor(LogProbModel):
         micro_batch_size: sequences per forward/backward.
         log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
         with_log_z: the engine's module is a :class:`~rlforge.models.log_z.PolicyWithLogZ` whose
-            log Z(x) the policy loss needs (FlowRL).
+            log Z(x) the policy loss needs (FlowRL; its forward is always the padded one).
+        max_token_len, log_prob_max_token_len: token budgets (dynamic batching) for the update
+            and for :meth:`compute_log_prob`; None = fixed micro-batch sizes.
+        remove_padding: padding-free forwards (``model.use_remove_padding``).
     """
 
     def __init__(
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
-        log_prob_micro_batch_size: int, with_log_z: bool = False,
+        log_prob_micro_batch_size: int, with_log_z: bool = False, max_token_len: int | None = None,
+        log_prob_max_token_len: int | None = None, remove_padding: bool = False,
     ) -> None:
-        super().__init__(engine, log_prob_micro_batch_size)
+        super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding)
         self.with_log_z = with_log_z
+        self.train_max_token_len = max_token_len
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
         self.train_micro_batch_size = micro_batch_size
@@ -74,7 +92,7 @@ class Actor(LogProbModel):
             if self.with_log_z:
                 logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy)
             else:
-                logp, ent = response_log_probs(module, mb, temperature, need_entropy)
+                logp, ent = self.log_probs_fn(module, mb, temperature, need_entropy)
             mask = mb["response_mask"].float()
             glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs)
             out = self.policy_loss(
@@ -112,5 +130,5 @@ class Actor(LogProbModel):
         data = Batch(batch.tensors.select(*keys), uid, {})
         return run_updates(
             self.engine, data, self._loss_fn(temperature), self.mini_batch_size, self.train_micro_batch_size,
-            self.cfg.ppo_epochs, "update_actor",
+            self.cfg.ppo_epochs, "update_actor", self.train_max_token_len,
         )

@@ -22,7 +22,7 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def run_updates(
     engine: TrainEngine, data: Batch, loss_fn: LossFn, mini_batch_size: int, micro_batch_size: int,
-    epochs: int, desc: str,
+    epochs: int, desc: str, max_token_len: int | None = None,
 ) -> dict[str, float]:
     """``epochs`` passes over ``data`` in mini-batches, one optimizer step each, with a progress bar.
 
@@ -32,7 +32,7 @@ def run_updates(
     minis = [m for _ in range(epochs) for m in data.split(mini_batch_size)]
     rows: list[dict[str, float]] = []
     for mini in tqdm(minis, desc=desc, unit="step", leave=False):
-        row = engine.train_step(mini, loss_fn, micro_batch_size)
+        row = engine.train_step(mini, loss_fn, micro_batch_size, max_token_len)
         if row["grad_norm"] != row["grad_norm"] or abs(row["grad_norm"]) == float("inf"):
             print(f"rlforge: warning: {desc}: gradient norm is {row['grad_norm']}; optimizer step skipped",
                   file=sys.stderr, flush=True)

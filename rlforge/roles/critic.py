@@ -9,6 +9,7 @@ import torch
 from rlforge.algorithms import compute_value_loss, masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
+from rlforge.engine.packing import packed_response_values
 from rlforge.roles.common import run_updates
 from rlforge.roles.forward import response_values
 
@@ -18,12 +19,18 @@ class Critic:
         engine: the critic's engine.
         cfg: ``critic`` config (``cliprange_value``, ``loss_agg_mode``, ``ppo_epochs``).
         mini_batch_size, micro_batch_size, forward_micro_batch_size: in sequences.
+        max_token_len, forward_max_token_len: token budgets (dynamic batching) or None.
+        remove_padding: padding-free forwards (``critic.model.use_remove_padding``).
     """
 
     def __init__(
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
-        forward_micro_batch_size: int,
+        forward_micro_batch_size: int, max_token_len: int | None = None,
+        forward_max_token_len: int | None = None, remove_padding: bool = False,
     ) -> None:
+        self.max_token_len = max_token_len
+        self.forward_max_token_len = forward_max_token_len
+        self.values_fn = packed_response_values if remove_padding else response_values
         self.engine = engine
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
@@ -34,9 +41,9 @@ class Critic:
         """``(batch, response_len)`` float32 values, zero outside ``response_mask``."""
 
         def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
-            return {"values": response_values(module, mb) * mb["response_mask"]}
+            return {"values": self.values_fn(module, mb) * mb["response_mask"]}
 
-        return self.engine.infer(batch, fwd, self.forward_micro_batch_size)["values"]
+        return self.engine.infer(batch, fwd, self.forward_micro_batch_size, self.forward_max_token_len)["values"]
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Value-loss update; returns ``critic/*`` metrics (without the prefix)."""
@@ -45,7 +52,7 @@ class Critic:
         data = Batch(batch.tensors.select(*keys), {}, {})
 
         def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
-            vpreds = response_values(module, mb)
+            vpreds = self.values_fn(module, mb)
             mask = mb["response_mask"].float()
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode,
@@ -58,5 +65,6 @@ class Critic:
             }
 
         return run_updates(
-            self.engine, data, loss_fn, self.mini_batch_size, self.micro_batch_size, cfg.ppo_epochs, "update_critic"
+            self.engine, data, loss_fn, self.mini_batch_size, self.micro_batch_size, cfg.ppo_epochs, "update_critic",
+            self.max_token_len,
         )

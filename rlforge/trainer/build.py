@@ -23,6 +23,7 @@ from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.rollout import ROLLOUTS, Rollout
+from rlforge.trainer import spmd
 
 # Rollout backends and engines available in this build; other names fall back (with the
 # warning issued by config validation) until their issues land.
@@ -50,21 +51,23 @@ def rollout_name(cfg: Any) -> str:
     return name if name in ROLLOUTS else "hf"
 
 
-def per_step_sizes(cfg: Any) -> dict[str, int]:
-    """Sequence counts derived from verl's prompt-count keys.
+def per_step_sizes(cfg: Any, world_size: int = 1) -> dict[str, int]:
+    """Per-rank sequence counts derived from verl's prompt-count keys.
 
     ``ppo_mini_batch_size`` counts prompts and is multiplied by ``rollout.n``; micro-batch
     sizes count sequences.  An unset micro-batch size means one micro-batch per mini-batch.
     The deprecated global ``*_micro_batch_size`` keys equal the per-GPU ones on one device.
+    Mini-batches are split evenly over the ``world_size`` data-parallel ranks.
     """
     n = cfg.actor_rollout_ref.rollout.n
     actor = cfg.actor_rollout_ref.actor
     rollout = cfg.actor_rollout_ref.rollout
     ref = cfg.actor_rollout_ref.ref
     critic = cfg.critic
-    mini = actor.ppo_mini_batch_size * n
+    dp = max(1, world_size)
+    mini = actor.ppo_mini_batch_size * n // dp
     micro = actor.ppo_micro_batch_size_per_gpu or actor.ppo_micro_batch_size or mini
-    critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * n
+    critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * n // dp
     critic_micro = critic.ppo_micro_batch_size_per_gpu or critic.ppo_micro_batch_size or critic_mini
     return {
         "actor_mini": mini,
@@ -75,6 +78,23 @@ def per_step_sizes(cfg: Any) -> dict[str, int]:
         "critic_micro": critic_micro,
         "critic_forward_micro": critic.forward_micro_batch_size_per_gpu or critic.forward_micro_batch_size
         or critic_micro,
+    }
+
+
+def token_budgets(cfg: Any) -> dict[str, int | None]:
+    """Token budgets per micro-batch (``*_max_token_len_per_gpu``) where dynamic batching is on
+    (``use_dynamic_bsz`` / ``log_prob_use_dynamic_bsz``), else None."""
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+
+    def pick(on: bool, value: int) -> int | None:
+        return int(value) if on else None
+
+    return {
+        "actor": pick(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu),
+        "log_prob": pick(arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu),
+        "ref": pick(arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu),
+        "critic": pick(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu),
+        "critic_forward": pick(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu),
     }
 
 
@@ -139,11 +159,13 @@ def build_job(cfg: Any) -> Job:
             batch_size_key="data.val_batch_size",
         )
     steps = total_training_steps(cfg, len(train_loader))
-    sizes = per_step_sizes(cfg)
+    sizes = per_step_sizes(cfg, spmd.world()[1])
+    budgets = token_budgets(cfg)
+    remove_padding = bool(arr.model.use_remove_padding)
 
     actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
-    if arr.model.enable_gradient_checkpointing and device.type == "cuda":
-        actor_module.gradient_checkpointing_enable()
+    if arr.model.enable_gradient_checkpointing:
+        actor_module.gradient_checkpointing_enable()  # transformers' own API: per-layer recompute
     # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
     loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
     needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))
@@ -152,7 +174,8 @@ def build_job(cfg: Any) -> Job:
     ref = None
     if need_ref:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
-        ref = LogProbModel(_engine(ref_module, device, None, 0.0, steps, ""), sizes["ref_micro"])
+        ref = LogProbModel(_engine(ref_module, device, None, 0.0, steps, ""), sizes["ref_micro"], budgets["ref"],
+                           remove_padding)
     trained: torch.nn.Module = actor_module
     param_groups = None
     if needs_log_z:
@@ -168,14 +191,20 @@ def build_job(cfg: Any) -> Job:
         param_groups=param_groups,
     )
     actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"],
-                  with_log_z=needs_log_z)
+                  with_log_z=needs_log_z, max_token_len=budgets["actor"], log_prob_max_token_len=budgets["log_prob"],
+                  remove_padding=remove_padding)
 
     critic = None
     if uses_critic(cfg):
-        critic_module = load_value_model(critic_model_path(cfg), tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed)
+        critic_module = load_value_model(
+            critic_model_path(cfg), tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed
+        )
+        if cfg.critic.model.enable_gradient_checkpointing:
+            critic_module.gradient_checkpointing_enable()
         critic_engine = _engine(critic_module, device, cfg.critic.optim, cfg.critic.grad_clip, steps, "critic.optim")
         critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
-                        sizes["critic_forward_micro"])
+                        sizes["critic_forward_micro"], budgets["critic"], budgets["critic_forward"],
+                        bool(cfg.critic.model.use_remove_padding))
 
     eos_ids = _eos_ids(tokenizer, actor_module)
     rollout = ROLLOUTS.get(rollout_name(cfg))(

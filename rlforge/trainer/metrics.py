@@ -9,9 +9,12 @@ the same for ``token_level_rewards`` (after any in-reward KL penalty);
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlforge.batch import Batch
+from rlforge.perf.flops import forward_flops, mfu
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -53,3 +56,27 @@ def throughput_metrics(batch: Batch, step_time_s: float, num_gpus: int = 1) -> d
         "perf/time_per_step": step_time_s,
         "perf/throughput": total / max(step_time_s, 1e-9) / max(num_gpus, 1),
     }
+
+
+def mfu_metrics(
+    m: dict[str, float], seqlens: list[int], actor_config: Any, critic_config: Any | None, ppo_epochs: int,
+    critic_ppo_epochs: int, peak: float | None, num_devices: int = 1,
+) -> dict[str, float]:
+    """``perf/mfu/{actor,critic,ref}`` from the stage timings in ``m`` (fractions of the bf16 peak).
+
+    ``seqlens``: prompt + response tokens of every sequence of the step (all ranks).
+    Training counts forward + backward (3 forwards) per PPO epoch; ``ref`` one forward.
+    Nothing is reported when the device peak is unknown (CPU).
+    """
+    out: dict[str, float] = {}
+    stages = [("actor", "timing_s/update_actor", actor_config, 3.0 * ppo_epochs),
+              ("ref", "timing_s/ref", actor_config, 1.0)]
+    if critic_config is not None:
+        stages.append(("critic", "timing_s/update_critic", critic_config, 3.0 * critic_ppo_epochs))
+    for role, key, config, passes in stages:
+        if key not in m:
+            continue
+        value = mfu(passes * forward_flops(config, seqlens), m[key], peak, num_devices)
+        if value is not None:
+            out[f"perf/mfu/{role}"] = value
+    return out

@@ -33,13 +33,16 @@ from rlforge.algorithms import (
 )
 from rlforge.batch import Batch
 from rlforge.errors import RLForgeError
+from rlforge.perf.flops import device_peak_flops
+from rlforge.perf.memory import memory_metrics
 from rlforge.perf.timer import timed
 from rlforge.rollout import SamplingParams
 from rlforge.tracking import Tracking
 from rlforge.trainer import checkpoint as ckpt
+from rlforge.trainer import spmd
 from rlforge.trainer.build import Job, build_job
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
-from rlforge.trainer.metrics import data_metrics, throughput_metrics
+from rlforge.trainer.metrics import data_metrics, mfu_metrics, throughput_metrics
 from rlforge.trainer.validation import validate
 
 
@@ -60,13 +63,16 @@ class PPOTrainer:
     def __init__(self, cfg: Any, loggers: list[str]) -> None:
         self.cfg = cfg
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1))
-        self.job: Job = build_job(cfg)
+        self.job: Job = build_job(cfg)  # initialises the process group when launched by torchrun
+        self.rank, self.world_size = spmd.world()
+        seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
+        self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.global_step = 0
         self.out_dir = cfg.trainer.default_local_dir
         self._resume()
-        self.tracker = Tracking(loggers, self.out_dir)
+        self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> None:
@@ -94,9 +100,11 @@ class PPOTrainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": ckpt.rng_state(),
         }
-        ckpt.save_checkpoint(
-            self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports()
-        )
+        if self.rank == 0:
+            ckpt.save_checkpoint(
+                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports()
+            )
+        spmd.barrier()
 
     def _exports(self) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
@@ -195,18 +203,24 @@ class PPOTrainer:
                 job.rollout.sync_weights()
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
+        m.update(memory_metrics())
+        m.update(mfu_metrics(
+            m, batch["attention_mask"].sum(-1).tolist(), job.actor_lm.config,
+            job.critic.engine.module.config if job.critic is not None else None,
+            arr.actor.ppo_epochs, cfg.critic.ppo_epochs, self.peak_flops,
+        ))
         for key, values in batch.non_tensor.items():
             if key.startswith("reward_extra/"):
                 m[f"{key}/mean"] = float(np.nanmean(np.asarray(values, dtype=np.float64)))
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
-        return m
+        return spmd.reduce_metrics(m)
 
     def _generate_and_score(self, m: dict[str, float]) -> Batch:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
         ``reward`` for the next batch of prompts."""
         job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
-        prompts = job.train_loader.next_batch()
+        prompts = spmd.shard(job.train_loader.next_batch())
         prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         with timed("gen", m):
             batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
@@ -229,7 +243,7 @@ class PPOTrainer:
         fg = self.cfg.algorithm.filter_groups
         if not fg.enable:
             return self._generate_and_score(m)
-        want = int(self.cfg.data.train_batch_size)
+        want = int(self.cfg.data.train_batch_size) // self.world_size  # groups per rank
         kept: list[Batch] = []
         num_kept = num_dropped = num_gen = 0
         while num_kept < want:

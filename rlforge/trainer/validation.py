@@ -14,6 +14,7 @@ import numpy as np
 from rlforge.data import PromptLoader
 from rlforge.rewards import RewardManager
 from rlforge.rollout import Rollout, SamplingParams
+from rlforge.trainer import spmd
 
 
 def val_sampling_params(rollout_cfg: Any, max_response_length: int) -> SamplingParams:
@@ -31,9 +32,17 @@ def validate(
     params = val_sampling_params(rollout_cfg, max_response_length)
     n = int(rollout_cfg.val_kwargs.n)
     scores: dict[str, list[float]] = defaultdict(list)
+    rank, size = spmd.world()
     for prompts in loader:
-        batch = rollout.generate(prompts.repeat_interleave(n), params)
+        mine = prompts.select(np.arange(rank, len(prompts), size))  # this rank's rows
+        if len(mine) == 0:
+            continue
+        batch = rollout.generate(mine.repeat_interleave(n), params)
         out = reward.score(batch)
         for src, s in zip(batch.non_tensor["data_source"], out.scores.tolist(), strict=True):
             scores[str(src)].append(float(s))
-    return {f"val-core/{src}/reward/mean@{n}": float(np.mean(v)) for src, v in scores.items()}
+    merged: dict[str, list[float]] = defaultdict(list)
+    for part in spmd.gather_objects(dict(scores)):
+        for src, v in part.items():
+            merged[src].extend(v)
+    return {f"val-core/{src}/reward/mean@{n}": float(np.mean(v)) for src, v in merged.items()}

@@ -1,0 +1,123 @@
+"""Padding-free forward (``actor_rollout_ref.model.use_remove_padding``).
+
+The valid tokens of a padded micro-batch (left-padded prompt + right-padded response,
+``(batch, seq)``) are packed into one row ``(1, num_tokens)`` whose ``position_ids`` restart
+at 0 for every sequence, so no compute is spent on padding.
+
+How attention stays inside each sequence: the model is called with
+``attention_mask=None``, ``use_cache=False`` and the packed ``position_ids``.  transformers
+5 (``masking_utils._preprocess_mask_arguments`` -> ``find_packed_sequence_indices``) then
+detects the packed format from the position resets and builds a block-diagonal causal mask
+(``packed_sequence_mask_function`` AND causal on the per-sequence positions) for the
+``sdpa``, ``eager`` and ``flex_attention`` implementations; with ``flash_attention_2/3``
+the same ``position_ids`` are turned into ``cu_seqlens`` for the varlen kernel (the fast
+path on CUDA).  No model code is patched.  The detection needs each sequence's positions
+to be ``0, 1, ..., len - 1``, which :func:`pack` checks.
+
+Outputs follow :mod:`rlforge.roles.forward` exactly (same shapes, dtype, temperature
+handling); positions whose response token is padding hold 0 instead of the padded
+forward's meaningless values (both are masked by ``response_mask``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlforge.algorithms import entropy_from_logits
+from rlforge.batch import Batch
+from rlforge.roles.forward import log_probs_from_logits
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    """One padded micro-batch, packed.
+
+    ``input_ids``, ``position_ids``: ``(1, N)``, ``N = attention_mask.sum()``;
+    ``packed_index``: ``(B, T)`` int64, the packed position of each padded position
+    (meaningless where ``valid`` is False); ``valid``: ``(B, T)`` bool attention mask;
+    ``cu_seqlens``: ``(B + 1,)`` int32 sequence start offsets in the packed row.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    packed_index: torch.Tensor
+    valid: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+def pack(mb: Batch) -> PackedInputs:
+    """Pack ``input_ids`` / ``position_ids`` ``(B, T)`` at ``attention_mask == 1`` into one row.
+
+    Raises:
+        ValueError: if a row's valid positions are not ``0..len-1`` (packing could not be
+            detected from the position resets, and the padded forward would differ).
+    """
+    valid = mb["attention_mask"].bool()
+    lens = valid.sum(-1)
+    ids = mb["input_ids"][valid].unsqueeze(0)
+    pos = mb["position_ids"][valid]
+    cu = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
+    cu[1:] = torch.cumsum(lens, 0)
+    expected = torch.arange(pos.numel(), device=pos.device) - torch.repeat_interleave(cu[:-1].long(), lens)
+    if not torch.equal(pos, expected):
+        raise ValueError("position_ids of every row must count 0, 1, ... over its attention_mask == 1 tokens")
+    packed_index = (torch.cumsum(valid.flatten().long(), 0) - 1).clamp_min(0).view_as(valid)
+    return PackedInputs(ids, pos.unsqueeze(0), packed_index, valid, cu)
+
+
+def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tensor:
+    """The model's ``logits`` ``(1, N, out)`` on the packed row (attention mask left None
+    so that transformers derives the block-diagonal mask from ``position_ids``)."""
+    out = module(
+        input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids, use_cache=False
+    )
+    return out.logits
+
+
+def _response_gather(packed: PackedInputs, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed positions ``(B, R)`` whose outputs predict the response tokens (padded columns
+    ``P - 1 ... P + R - 2``), and the ``(B, R)`` bool mask of response tokens that are real."""
+    resp_len = mb["responses"].shape[1]
+    total = packed.valid.shape[1]
+    cols = slice(total - resp_len - 1, total - 1)
+    index = packed.packed_index[:, cols]
+    keep = packed.valid[:, cols] & packed.valid[:, total - resp_len:]
+    return index, keep
+
+
+def packed_response_log_probs(
+    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As :func:`rlforge.roles.forward.response_log_probs`, padding-free.
+
+    Returns:
+        log-probs ``(B, R)`` float32 nats under ``softmax(logits / temperature)`` and, with
+        ``with_entropy``, the entropy ``(B, R)`` float32 of that distribution; 0 where the
+        response token is padding.
+    """
+    packed = pack(mb)
+    logits = _packed_forward(module, packed)[0].float()  # (N, V)
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    index, keep = _response_gather(packed, mb)
+    sel = logits[index]  # (B, R, V): only the positions that predict response tokens
+    logp = log_probs_from_logits(sel, mb["responses"])
+    logp = torch.where(keep, logp, torch.zeros_like(logp))
+    ent = None
+    if with_entropy:
+        ent = entropy_from_logits(sel)
+        ent = torch.where(keep, ent, torch.zeros_like(ent))
+    return logp, ent
+
+
+def packed_response_values(module: torch.nn.Module, mb: Batch) -> torch.Tensor:
+    """As :func:`rlforge.roles.forward.response_values`, padding-free: critic values
+    ``(B, R)`` float32 from a value model whose ``logits`` are ``(1, N, 1)``; 0 where the
+    response token is padding."""
+    packed = pack(mb)
+    values = _packed_forward(module, packed)[0, :, 0].float()  # (N,)
+    index, keep = _response_gather(packed, mb)
+    v = values[index]
+    return torch.where(keep, v, torch.zeros_like(v))

@@ -1,0 +1,303 @@
+"""What the FSDP1 and FSDP2 engines share: the data-parallel step, state dicts, weight sync.
+
+Loss scaling under data parallelism.  FSDP averages gradients over the ``W`` data-parallel
+ranks (all ranks, also with hybrid sharding).  Each rank holds ``1/W``-th of the
+mini-batch; the engine sums the mini-batch totals over ranks (``T`` valid tokens, ``S``
+sequences with a valid token, one ``all_reduce``) and gives every micro-batch loss
+``LossScale(T / W, S / W)``.  Rank ``r``'s gradient is then ``W/T * sum_{rows of r}``, and
+FSDP's average over ranks is ``1/T * sum_{all rows}``: exactly the gradient of the whole
+global mini-batch, for any split over ranks and micro-batches.  The reported loss shares
+are summed over micro-batches and ranks and divided by ``W`` (the global mini-batch
+loss); other metrics are averaged over ranks.
+
+Every rank must run the same number of forwards (FSDP's collectives): a rank with fewer
+micro-batches runs its first micro-batch again with the loss multiplied by 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from rlforge.algorithms import loss_agg_globals
+from rlforge.batch import Batch
+from rlforge.engine.activation import clean_name
+from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine
+from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
+from rlforge.engine.optim import build_optimizer, build_scheduler
+
+ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
+"""Optimizer parameter groups, built AFTER sharding: either a function of the (sharded)
+module returning ``torch.optim`` groups, or ``[(predicate(name), lr_multiplier), ...]``
+where ``name`` is the plain parameter name and the first matching predicate picks the
+group (unmatched parameters: multiplier 1)."""
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def to_dtype(name: str | torch.dtype, key: str) -> torch.dtype:
+    """``fp32`` / ``bf16`` / ``fp16`` (or the long names) as a torch dtype.
+
+    Raises:
+        ValueError: unknown name; ``key`` names the config option.
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    if str(name) not in _DTYPES:
+        raise ValueError(f"{key}={name!r}: expected one of {sorted(_DTYPES)}")
+    return _DTYPES[str(name)]
+
+
+def mixed_precision_dtypes(fsdp_cfg: Any, device: torch.device) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """``(param_dtype, reduce_dtype, buffer_dtype)`` from ``fsdp_config.mixed_precision``.
+
+    Unset: compute in bfloat16 on CUDA and float32 on CPU (as LocalEngine's autocast),
+    reduce gradients in float32, buffers in float32.
+    """
+    mp = dict(getattr(fsdp_cfg, "mixed_precision", None) or {})
+    default = "bf16" if device.type == "cuda" else "fp32"
+    key = "fsdp_config.mixed_precision"
+    return (to_dtype(mp.get("param_dtype", default), f"{key}.param_dtype"),
+            to_dtype(mp.get("reduce_dtype", "fp32"), f"{key}.reduce_dtype"),
+            to_dtype(mp.get("buffer_dtype", "fp32"), f"{key}.buffer_dtype"))
+
+
+def build_param_groups(module: nn.Module, spec: ParamGroupSpec | None, base_lr: float) -> list[Any]:
+    """Trainable parameters of the sharded ``module`` as optimizer groups (see :data:`ParamGroupSpec`)."""
+    if spec is None:
+        return [p for p in module.parameters() if p.requires_grad]
+    if callable(spec):
+        return spec(module)
+    groups: list[dict[str, Any]] = [{"params": [], "lr": base_lr}] + [
+        {"params": [], "lr": base_lr * float(mult)} for _, mult in spec
+    ]
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        idx = next((i + 1 for i, (pred, _) in enumerate(spec) if pred(clean_name(name))), 0)
+        groups[idx]["params"].append(p)
+    return [g for g in groups if g["params"]]
+
+
+def merge_metrics(per_micro: list[dict[str, float]], device: torch.device) -> dict[str, float]:
+    """Micro-batch metrics of all ranks: loss shares summed then divided by the world size, the rest averaged."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for m in per_micro:
+        for k, v in m.items():
+            acc[k].append(float(v))
+    keys = sorted(acc)
+    local = [sum(acc[k]) if k.endswith("loss") else sum(acc[k]) / len(acc[k]) for k in keys]
+    world = get_world_size()
+    total = all_reduce_sum(local, device)
+    return {k: v / world for k, v in zip(keys, total, strict=True)}
+
+
+class ShardedEngine(TrainEngine):
+    """Common part of :class:`~rlforge.engine.fsdp2.FSDP2Engine` and
+    :class:`~rlforge.engine.fsdp1.FSDP1Engine`; subclasses shard ``self.module`` and set
+    ``self.device`` before calling :meth:`_build_optimizer`."""
+
+    module: nn.Module
+    device: torch.device
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    grad_clip: float = 1.0
+    optimizer_offload: bool = False
+
+    def _build_optimizer(self, optim_cfg: Any | None, param_groups: ParamGroupSpec | None, total_steps: int,
+                         key: str) -> None:
+        """AdamW + schedule over the sharded parameters (None config: a forward-only engine)."""
+        self.optimizer = self.scheduler = None
+        if optim_cfg is not None:
+            groups = build_param_groups(self.module, param_groups, float(optim_cfg.lr))
+            self.optimizer = build_optimizer(groups, optim_cfg)
+            self.scheduler = build_scheduler(self.optimizer, optim_cfg, total_steps, key)
+
+    # ------------------------------------------------------------------ micro-batches
+    def _split(self, batch: Batch, micro_batch_size: int, max_token_len: int | None) -> tuple[list[Batch], Any]:
+        if max_token_len is None:
+            return batch.split(micro_batch_size), None
+        from rlforge.engine.dynamic_batch import split_by_token_budget  # written alongside; lazy
+
+        return split_by_token_budget(batch, max_token_len, "ppo_max_token_len_per_gpu", None)
+
+    def _padded(self, micros: list[Batch]) -> Iterator[tuple[Batch, bool]]:
+        """The micro-batches, then repeats of the first (flagged False) up to the ranks' maximum count."""
+        n = int(all_reduce_max([float(len(micros))], self.device)[0])
+        for i in range(n):
+            yield (micros[i], True) if i < len(micros) else (micros[0], False)
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
+              max_token_len: int | None = None) -> dict[str, torch.Tensor]:
+        """As :meth:`LocalEngine.infer`; rows come back in ``batch``'s order."""
+        was_training = self.module.training
+        self.module.eval()
+        micros, order = self._split(batch, micro_batch_size, max_token_len)
+        outs: dict[str, list[torch.Tensor]] = defaultdict(list)
+        try:
+            for mb, real in self._padded(micros):
+                res = forward_fn(self.module, mb.to(self.device))
+                if real:
+                    for k, v in res.items():
+                        outs[k].append(v.float().cpu())
+        finally:
+            self.module.train(was_training)
+        cat = {k: torch.cat(v, 0) for k, v in outs.items()}
+        if order is not None:
+            flat = [int(i) for grp in order for i in (grp if isinstance(grp, list | tuple) else [grp])]
+            idx = torch.tensor(flat, dtype=torch.long)
+            for k, v in cat.items():
+                out = torch.empty_like(v)
+                out[idx] = v
+                cat[k] = out
+        return cat
+
+    def loss_scale(self, mini_batch: Batch) -> LossScale:
+        """Global totals over all ranks divided by the world size (see the module docstring)."""
+        local = loss_agg_globals(mini_batch["response_mask"].float())
+        tok, seq = all_reduce_sum([local["global_num_tokens"], local["global_num_seqs"]], self.device)
+        world = get_world_size()
+        return LossScale(global_num_tokens=tok / world, global_num_seqs=seq / world)
+
+    def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
+                   max_token_len: int | None = None) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError("this engine has no optimizer (forward-only model)")
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        scale = self.loss_scale(mini_batch)
+        micros, _ = self._split(mini_batch, micro_batch_size, max_token_len)
+        per_micro: list[dict[str, float]] = []
+        for mb, real in self._padded(micros):
+            loss, metrics = loss_fn(self.module, mb.to(self.device), scale)
+            (loss if real else loss * 0.0).backward()
+            if real:
+                per_micro.append(metrics)
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        grad_norm = self._clip_grad_norm(max_norm)
+        if math.isfinite(grad_norm):
+            with self._optimizer_on_device():
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = merge_metrics(per_micro, self.device)
+        out["grad_norm"] = grad_norm
+        return out
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ optimizer offload
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        if self.optimizer is None:
+            return
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and k != "step":
+                    state[k] = v.to(device, non_blocking=True)
+
+    def _optimizer_on_device(self):
+        """Context: with ``optimizer_offload`` the AdamW moments live on CPU between steps and
+        are moved to the device for the step (2 × fp32 shard size over PCIe each way per step)."""
+        engine = self
+
+        class _Ctx:
+            def __enter__(self) -> None:
+                if engine.optimizer_offload:
+                    engine._move_optimizer_state(engine.device)
+
+            def __exit__(self, *exc: object) -> None:
+                if engine.optimizer_offload:
+                    engine._move_optimizer_state(torch.device("cpu"))
+
+        return _Ctx()
+
+    def lr_scheduler_step(self) -> float:
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return self.lr
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    # ------------------------------------------------------------------ state dicts
+    @property
+    def _OPTS(self) -> StateDictOptions:  # noqa: N802
+        # On a CPU device the tensors already are on CPU; FSDP1's CPU-offload path crashes there.
+        return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) CPU state; a collective (all ranks call it).  Only rank 0 gets
+        the tensors (DCP's ``cpu_offload`` with ``full_state_dict``), the others empty dicts.
+        Keys are the plain module's; the optimizer state is in ``torch.optim``'s own
+        (integer-keyed) format, so LocalEngine loads it and vice versa."""
+        if self.optimizer is None:
+            model, optim = get_model_state_dict(self.module, options=self._OPTS), None
+        else:
+            model, fqn_optim = get_state_dict(self.module, [self.optimizer], options=self._OPTS)
+            optim = _fqn_to_index(fqn_optim) if fqn_optim else {}
+        return {"model": model, "optimizer": optim,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a full state (every rank passes the whole dict, e.g. each reads the file)."""
+        opts = StateDictOptions(full_state_dict=True)
+        if self.optimizer is not None and state.get("optimizer"):
+            optim = _index_to_fqn(state["optimizer"], self._param_names())
+            set_state_dict(self.module, [self.optimizer], model_state_dict=state["model"],
+                           optim_state_dict=optim, options=opts)
+        else:
+            set_model_state_dict(self.module, state["model"], options=opts)
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def _param_names(self) -> list[list[str]]:
+        names = {id(p): clean_name(n) for n, p in self.module.named_parameters()}
+        assert self.optimizer is not None
+        return [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
+
+    # ------------------------------------------------------------------ weight sync
+    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` for every state_dict entry, gathered one at a time
+        (collective: all ranks iterate together).  ``device``: where the tensors go
+        (default: this engine's device)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def sync_to(self, target: nn.Module) -> None:
+        """Copy the full weights into the plain (unsharded) ``target``, tensor by tensor."""
+        dest = target.state_dict()
+        for name, t in self.full_params_iter():
+            if name in dest:
+                dest[name].copy_(t)
+
+
+def _fqn_to_index(optim: dict[str, Any]) -> dict[str, Any]:
+    """DCP's FQN-keyed optimizer state → ``torch.optim``'s integer-keyed format."""
+    index: dict[str, int] = {}
+    groups = []
+    for g in optim["param_groups"]:
+        ids = [index.setdefault(n, len(index)) for n in g["params"]]
+        groups.append({**g, "params": ids})
+    return {"state": {index[n]: s for n, s in optim["state"].items()}, "param_groups": groups}
+
+
+def _index_to_fqn(optim: dict[str, Any], names: list[list[str]]) -> dict[str, Any]:
+    """The inverse of :func:`_fqn_to_index`, with this optimizer's group layout ``names``."""
+    flat = [n for g in names for n in g]
+    groups = [{**g, "params": list(ns)} for g, ns in zip(optim["param_groups"], names, strict=True)]
+    return {"state": {flat[int(i)]: s for i, s in optim["state"].items()}, "param_groups": groups}
