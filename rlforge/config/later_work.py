@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.config.common import FSDPConfig, MegatronConfig
+from rlforge.config.common import MegatronConfig
 
 SUPPORTED_LOGGERS = ("console", "file")
 """``trainer.logger`` entries this build runs; others (wandb, mlflow, tensorboard, ...) are skipped."""
@@ -71,12 +71,6 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.actor.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v is True, _NOT_HERE),
-    LaterWork("trainer.nnodes*n_gpus_per_node", lambda v: v > 1,
-              "{key}={value}: multi-device training is not available in this build; using 1 device",
-              lambda c: c.trainer.nnodes * c.trainer.n_gpus_per_node),
-    *_sharding_rows(f"{_ARR}.actor.fsdp_config", FSDPConfig),
-    *_sharding_rows(f"{_ARR}.ref.fsdp_config", FSDPConfig),
-    *_sharding_rows("critic.model.fsdp_config", FSDPConfig),
     *_sharding_rows(f"{_ARR}.actor.megatron", MegatronConfig),
     *_sharding_rows(f"{_ARR}.ref.megatron", MegatronConfig),
     *_sharding_rows("critic.megatron", MegatronConfig),

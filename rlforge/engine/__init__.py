@@ -1,10 +1,12 @@
 """Training engines behind one interface (:class:`TrainEngine`)."""
 
+from rlforge.engine import fsdp1 as _fsdp1  # noqa: F401  (registers "fsdp")
+from rlforge.engine import fsdp2 as _fsdp2  # noqa: F401  (registers "fsdp2")
 from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine
-from rlforge.engine.local import LocalEngine
+from rlforge.engine.local import LocalEngine, local_engine
 from rlforge.engine.optim import build_optimizer, build_scheduler
 
 __all__ = [
-    "ENGINES", "ForwardFn", "LocalEngine", "LossFn", "LossScale", "TrainEngine",
+    "ENGINES", "ForwardFn", "LocalEngine", "local_engine", "LossFn", "LossScale", "TrainEngine",
     "build_optimizer", "build_scheduler",
 ]

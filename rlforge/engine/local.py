@@ -31,7 +31,6 @@ def _merge_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
     return {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}
 
 
-@ENGINES.register("local")
 class LocalEngine(TrainEngine):
     """Args:
         module: the model (moved to ``device``).
@@ -129,3 +128,28 @@ class LocalEngine(TrainEngine):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+
+@ENGINES.register("local")
+def local_engine(
+    module: torch.nn.Module, device: torch.device, *, fsdp_config: Any = None, optim_cfg: Any | None = None,
+    total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
+    gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
+) -> LocalEngine:
+    """Build a :class:`LocalEngine` with the same keyword signature as the FSDP engines.
+
+    Checkpointing and activation offload use the same per-layer wrappers as FSDP
+    (:func:`rlforge.engine.activation.apply_activation_wrappers`); ``fsdp_config`` and
+    ``mesh`` are ignored in one process.
+    """
+    from rlforge.engine.activation import apply_activation_wrappers
+    from rlforge.engine.optim import build_optimizer, build_scheduler
+    from rlforge.engine.sharded import build_param_groups
+
+    apply_activation_wrappers(module, gradient_checkpointing, activation_offload)
+    opt = sched = None
+    if optim_cfg is not None:
+        opt = build_optimizer(build_param_groups(module, param_groups, float(optim_cfg.lr)), optim_cfg)
+        sched = build_scheduler(opt, optim_cfg, total_steps, optim_key)
+    dtype = torch.bfloat16 if device.type == "cuda" else None
+    return LocalEngine(module, device, opt, sched, grad_clip=grad_clip, autocast_dtype=dtype)

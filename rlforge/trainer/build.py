@@ -16,7 +16,9 @@ import torch
 from rlforge.algorithms import POLICY_LOSSES
 from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
-from rlforge.engine import ENGINES, TrainEngine, build_optimizer, build_scheduler
+from rlforge.engine import ENGINES, TrainEngine
+from rlforge.engine.distributed import init_distributed
+from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
 from rlforge.models.log_z import PolicyWithLogZ
 from rlforge.rewards import RewardManager, build_reward_manager
@@ -24,10 +26,6 @@ from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.trainer import spmd
-
-# Rollout backends and engines available in this build; other names fall back (with the
-# warning issued by config validation) until their issues land.
-_ENGINE = "local"
 
 
 def pick_device(name: str) -> torch.device:
@@ -125,16 +123,25 @@ class Job:
     train_loader: PromptLoader
     val_loader: PromptLoader | None
     total_steps: int
+    sync_rollout: Any  # () -> None: make the actor's new weights visible to the rollout
 
 
-def _engine(module: torch.nn.Module, device: torch.device, optim_cfg: Any | None, grad_clip: float,
-            total_steps: int, key: str, param_groups: list[dict[str, Any]] | None = None) -> TrainEngine:
-    opt = sched = None
-    if optim_cfg is not None:
-        params = param_groups or [p for p in module.parameters() if p.requires_grad]
-        opt = build_optimizer(params, optim_cfg)
-        sched = build_scheduler(opt, optim_cfg, total_steps, key)
-    return ENGINES.get(_ENGINE)(module, device, opt, sched, grad_clip=grad_clip, autocast_dtype=autocast_dtype(device))
+def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_config: Any, optim_cfg: Any | None,
+            total_steps: int, optim_key: str, grad_clip: float = 1.0, param_groups: Any = None,
+            model_cfg: Any = None) -> TrainEngine:
+    """Build the engine registered as ``name`` (``local``, ``fsdp2``, ``fsdp``) around ``module``."""
+    return ENGINES.get(name)(
+        module, device, fsdp_config=fsdp_config, optim_cfg=optim_cfg, total_steps=total_steps, optim_key=optim_key,
+        grad_clip=grad_clip, param_groups=param_groups,
+        gradient_checkpointing=bool(model_cfg is not None and model_cfg.enable_gradient_checkpointing),
+        activation_offload=bool(model_cfg is not None and model_cfg.enable_activation_offload),
+    )
+
+
+def engine_name(strategy: str) -> str:
+    """``actor.strategy`` (``fsdp`` = FSDP1, ``fsdp2``) when several processes train together;
+    one process uses the plain local engine (sharding over one device buys nothing)."""
+    return strategy if spmd.world()[1] > 1 else "local"
 
 
 def build_job(cfg: Any) -> Job:
@@ -144,6 +151,8 @@ def build_job(cfg: Any) -> Job:
         RLForgeError subclasses for bad paths, files or rows.
     """
     device = pick_device(cfg.trainer.device)
+    if under_launcher():  # one process per device: join the process group, take this rank's device
+        device = init_distributed(device.type).device
     arr = cfg.actor_rollout_ref
     seed = int(cfg.data.seed if cfg.data.seed is not None else 1)
     tokenizer = load_tokenizer(arr.model.path, arr.model.tokenizer_path)
@@ -164,8 +173,6 @@ def build_job(cfg: Any) -> Job:
     remove_padding = bool(arr.model.use_remove_padding)
 
     actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
-    if arr.model.enable_gradient_checkpointing:
-        actor_module.gradient_checkpointing_enable()  # transformers' own API: per-layer recompute
     # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
     loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
     needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))
@@ -174,21 +181,22 @@ def build_job(cfg: Any) -> Job:
     ref = None
     if need_ref:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
-        ref = LogProbModel(_engine(ref_module, device, None, 0.0, steps, ""), sizes["ref_micro"], budgets["ref"],
-                           remove_padding)
+        ref_engine = _engine(engine_name(arr.actor.strategy), ref_module, device, fsdp_config=arr.ref.fsdp_config,
+                             optim_cfg=None, total_steps=steps, optim_key="")
+        ref = LogProbModel(ref_engine, sizes["ref_micro"], budgets["ref"], remove_padding)
     trained: torch.nn.Module = actor_module
     param_groups = None
     if needs_log_z:
         flow = arr.actor.policy_loss.flowrl
         trained = PolicyWithLogZ(actor_module, int(flow.log_z_hidden_size))
-        lm_params, head_params = trained.lm_and_head_parameters()
-        param_groups = [
-            {"params": lm_params},
-            {"params": head_params, "lr": float(arr.actor.optim.lr) * float(flow.log_z_lr_multiplier)},
-        ]
+        param_groups = [(lambda name: name.startswith("log_z_head."), float(flow.log_z_lr_multiplier))]
+    # Several processes shard the actor, so the rollout generates with its own full copy,
+    # refreshed from the shards after every update; one process shares the module.
+    rollout_copy = copy.deepcopy(trained) if spmd.world()[1] > 1 else None
     actor_engine = _engine(
-        trained, device, arr.actor.optim, arr.actor.grad_clip, steps, "actor_rollout_ref.actor.optim",
-        param_groups=param_groups,
+        engine_name(arr.actor.strategy), trained, device, fsdp_config=arr.actor.fsdp_config, optim_cfg=arr.actor.optim,
+        total_steps=steps, optim_key="actor_rollout_ref.actor.optim", grad_clip=arr.actor.grad_clip,
+        param_groups=param_groups, model_cfg=arr.model,
     )
     actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"],
                   with_log_z=needs_log_z, max_token_len=budgets["actor"], log_prob_max_token_len=budgets["log_prob"],
@@ -199,19 +207,31 @@ def build_job(cfg: Any) -> Job:
         critic_module = load_value_model(
             critic_model_path(cfg), tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed
         )
-        if cfg.critic.model.enable_gradient_checkpointing:
-            critic_module.gradient_checkpointing_enable()
-        critic_engine = _engine(critic_module, device, cfg.critic.optim, cfg.critic.grad_clip, steps, "critic.optim")
+        critic_engine = _engine(
+            engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
+            optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,
+            model_cfg=cfg.critic.model,
+        )
         critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
                         sizes["critic_forward_micro"], budgets["critic"], budgets["critic_forward"],
                         bool(cfg.critic.model.use_remove_padding))
 
     eos_ids = _eos_ids(tokenizer, actor_module)
+    if rollout_copy is not None:
+        rollout_copy.to(device)
+        rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
+    else:
+        rollout_lm = actor_module
     rollout = ROLLOUTS.get(rollout_name(cfg))(
-        actor_module, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
+        rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
     )
     reward = build_reward_manager(cfg, tokenizer)
-    return Job(tokenizer, device, actor, actor_module, ref, critic, rollout, reward, train_loader, val_loader, steps)
+    def sync_rollout() -> None:
+        if rollout_copy is not None:
+            actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)
+
+    return Job(tokenizer, device, actor, rollout_lm, ref, critic, rollout, reward, train_loader, val_loader, steps,
+               sync_rollout)
 
 
 def _eos_ids(tokenizer: Any, module: torch.nn.Module) -> list[int]:

@@ -32,6 +32,7 @@ from rlforge.algorithms import (
     build_kl_controller,
 )
 from rlforge.batch import Batch
+from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.errors import RLForgeError
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import memory_metrics
@@ -178,6 +179,8 @@ class PPOTrainer:
         m: dict[str, float] = {}
         with timed("step", m):
             batch = self._collect(m)
+            if cfg.trainer.balance_batch:
+                batch = self._balance(batch, m)
             with timed("old_log_prob", m):
                 out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                 batch["old_log_probs"] = out["log_probs"]
@@ -200,7 +203,7 @@ class PPOTrainer:
                 with timed("update_actor", m):
                     m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature).items()})
                     job.actor.engine.lr_scheduler_step()
-                job.rollout.sync_weights()
+                job.sync_rollout()
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
         m.update(memory_metrics())
@@ -215,6 +218,18 @@ class PPOTrainer:
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
         return spmd.reduce_metrics(m)
+
+    def _balance(self, batch: Batch, m: dict[str, float]) -> Batch:
+        """``trainer.balance_batch``: redistribute whole prompt groups so every data-parallel
+        rank gets the same number of rows and nearly the same number of tokens."""
+        full = spmd.gather_batch(batch)
+        seqlens = full["attention_mask"].sum(-1).tolist()
+        try:
+            parts = balance_across_ranks(seqlens, self.world_size, group_size=self.cfg.actor_rollout_ref.rollout.n)
+        except ValueError:  # uneven group counts (dynamic sampling that proceeded at its limit)
+            return batch
+        m.update(seqlen_metrics(seqlens, parts))
+        return full.select(parts[self.rank]) if self.world_size > 1 else batch
 
     def _generate_and_score(self, m: dict[str, float]) -> Batch:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and

@@ -1,0 +1,119 @@
+"""Process-group and device-mesh helpers: one code path for 1 and N processes.
+
+Every helper is a no-op (or returns the single-process answer) when no default process
+group is initialised, so callers never branch on the world size.
+
+Launch: ``torchrun --nproc_per_node=N ...`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT``; :func:`init_distributed` reads them.  Without
+``WORLD_SIZE`` the process runs alone (rank 0 of 1) and no process group is created.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from rlforge.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: global ``rank`` of ``world_size``, ``local_rank`` on its
+    host, and the ``device`` it computes on (``cuda:local_rank`` or ``cpu``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def is_initialized() -> bool:
+    """True when a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def init_distributed(device_type: str = "cuda") -> DistInfo:
+    """Initialise the default process group from torchrun's environment variables.
+
+    Args:
+        device_type: ``cuda`` (NCCL backend, one GPU per local rank) or ``cpu`` (gloo).
+    Returns:
+        This process's :class:`DistInfo`.  ``WORLD_SIZE`` unset (a plain ``python`` launch):
+        rank 0 of 1 and no process group.  ``torchrun --nproc_per_node=1`` does create a
+        1-rank group, so the FSDP engines run unchanged on one device.
+    Raises:
+        ConfigError: ``cuda`` asked for but no GPU is visible.
+    """
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
+    if is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    elif "WORLD_SIZE" not in os.environ:
+        rank, world, local = 0, 1, 0
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        if device_type == "cuda":
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+    device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
+    return DistInfo(rank, world, local, device)
+
+
+def get_rank() -> int:
+    """Global rank; 0 without a process group."""
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """World size; 1 without a process group."""
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main() -> bool:
+    """True on global rank 0 (and in a single process)."""
+    return get_rank() == 0
+
+
+def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:
+    if not is_initialized() or not values:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return [float(v) for v in t.tolist()]
+
+
+def all_reduce_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Element-wise sum over all ranks (float64); identity without a process group.
+    ``device`` must suit the backend (a CUDA device for NCCL)."""
+    return _all_reduce(values, dist.ReduceOp.SUM, torch.device(device))
+
+
+def all_reduce_max(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Element-wise max over all ranks; identity without a process group."""
+    return _all_reduce(values, dist.ReduceOp.MAX, torch.device(device))
+
+
+def build_mesh(device_type: str, fsdp_size: int = -1) -> DeviceMesh | None:
+    """The data-parallel mesh: 1-D ``("shard",)`` over all ranks, or 2-D
+    ``("replicate", "shard")`` for hybrid sharding (HSDP) when ``0 < fsdp_size < world``.
+
+    Returns None without a process group (a single process: ``fully_shard`` then is not
+    applied at all — see :mod:`rlforge.engine.fsdp2`).
+
+    Raises:
+        ConfigError: ``fsdp_size`` does not divide the world size.
+    """
+    if not is_initialized():
+        return None
+    world = dist.get_world_size()
+    if fsdp_size <= 0 or fsdp_size >= world:
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    if world % fsdp_size:
+        raise ConfigError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world}")
+    return init_device_mesh(device_type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))

@@ -1,0 +1,140 @@
+"""FSDP2 engine (``strategy=fsdp2``): ``fully_shard`` per decoder layer, then the root.
+
+Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED module:
+
+1. dtype of the master parameters (``fsdp_config.model_dtype``, default fp32);
+2. activation checkpointing / offload wrappers on each decoder layer
+   (:mod:`rlforge.engine.activation`);
+3. ``fully_shard`` on each decoder layer, then on the root, with
+   ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
+   ``reshard_after_forward`` and ``CPUOffloadPolicy`` when ``param_offload`` or
+   ``offload_policy``; mesh: 1-D over all ranks, or 2-D (replicate × shard) for HSDP when
+   ``0 < fsdp_size < world``;
+4. explicit prefetch when ``forward_prefetch``: layer ``i`` prefetches layer ``i + 1`` in
+   forward and layer ``i - 1`` in backward;
+5. the optimizer (AdamW, over the sharded DTensor parameters) and the LR schedule.
+
+Offload.  ``param_offload``/``offload_policy``: FSDP2's ``CPUOffloadPolicy`` keeps the
+sharded parameters and gradients in (pinned) CPU memory; each layer's shard is copied to
+the GPU for its all-gather, and the optimizer step (hence the optimizer state) runs on
+CPU: the cheapest GPU memory, the slowest step.  ``optimizer_offload`` without parameter
+offload: the AdamW moments stay on CPU between steps and visit the GPU for the step
+(2 × fp32 shard bytes each way per step).  A reference model with ``param_offload`` thus
+keeps its weights on CPU between forwards.
+
+Needs a process group (``init_distributed``; ``torchrun --nproc_per_node=1`` for one device).
+Every rank must hold identical initial weights (same seed or the same checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
+from torch.distributed.tensor import DTensor
+
+from rlforge.config.common import FSDPConfig
+from rlforge.engine.activation import apply_activation_wrappers, decoder_layers
+from rlforge.engine.base import ENGINES
+from rlforge.engine.distributed import build_mesh, is_initialized
+from rlforge.engine.sharded import ParamGroupSpec, ShardedEngine, mixed_precision_dtypes, to_dtype
+
+FORWARD_METHODS = ("forward_with_log_z",)
+"""Methods besides ``forward`` that callers invoke on the root (``PolicyWithLogZ``); FSDP2
+must unshard around them too."""
+
+
+def parallelize_fsdp2(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.device, mesh: DeviceMesh,
+                      checkpointing: bool = False, activation_offload: bool = False) -> nn.Module:
+    """Steps 1–4 of the module docstring, in place; returns ``module`` (now an ``FSDPModule``)."""
+    module.to(dtype=to_dtype(fsdp_cfg.model_dtype, "fsdp_config.model_dtype"))
+    apply_activation_wrappers(module, checkpointing, activation_offload)
+    offload = bool(fsdp_cfg.param_offload or fsdp_cfg.offload_policy)
+    if not offload:
+        module.to(device)
+    param_dtype, reduce_dtype, _ = mixed_precision_dtypes(fsdp_cfg, device)
+    kw: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        "reshard_after_forward": bool(fsdp_cfg.reshard_after_forward),
+        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+    }
+    layers = decoder_layers(module)
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(module, **kw)
+    for name in FORWARD_METHODS:
+        if callable(getattr(module, name, None)):
+            register_fsdp_forward_method(module, name)
+    if fsdp_cfg.forward_prefetch:
+        for i, layer in enumerate(layers):
+            if i + 1 < len(layers):
+                layer.set_modules_to_forward_prefetch([layers[i + 1]])
+            if i > 0:
+                layer.set_modules_to_backward_prefetch([layers[i - 1]])
+    return module
+
+
+@ENGINES.register("fsdp2")
+class FSDP2Engine(ShardedEngine):
+    """One model sharded with FSDP2, with its optimizer (none for a forward-only model).
+
+    Args:
+        module: the UNSHARDED model (on CPU is fine); it is changed in place.
+        device: this rank's compute device (``DistInfo.device``).
+        fsdp_config: the role's ``fsdp_config`` (None = defaults).
+        optim_cfg: the role's ``optim`` config; None = forward-only (reference policy).
+        total_steps: LR-schedule length in optimizer steps.
+        optim_key: config key of ``optim_cfg`` for error messages.
+        grad_clip: max global gradient norm (``<= 0`` disables clipping).
+        param_groups: see :data:`~rlforge.engine.sharded.ParamGroupSpec`; None = one group.
+        gradient_checkpointing, activation_offload: ``model.enable_gradient_checkpointing`` and
+            ``model.enable_activation_offload``.
+        mesh: a prebuilt data-parallel mesh; None = :func:`build_mesh` from ``fsdp_size``.
+    Raises:
+        RuntimeError: no process group is initialised.
+    """
+
+    def __init__(
+        self, module: nn.Module, device: torch.device, *, fsdp_config: FSDPConfig | None = None,
+        optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
+        param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
+        activation_offload: bool = False, mesh: DeviceMesh | None = None,
+    ) -> None:
+        if not is_initialized():
+            raise RuntimeError("strategy=fsdp2 needs torch.distributed: call rlforge.engine.distributed."
+                               "init_distributed() (launch with torchrun, also for one device)")
+        cfg = fsdp_config or FSDPConfig()
+        self.device = device
+        self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
+        self.module = parallelize_fsdp2(module, cfg, device, self.mesh, gradient_checkpointing,
+                                        activation_offload)
+        self.grad_clip = grad_clip
+        self.optimizer_offload = bool(cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy))
+        self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        dest = torch.device(device) if device is not None else self.device
+        for name, t in self.module.state_dict().items():
+            if isinstance(t, DTensor):
+                if t.device != self.device:  # CPUOffloadPolicy: shards on CPU, gather on the device
+                    t = t.to(self.device)
+                t = t.full_tensor()
+            yield name, t.detach().to(dest)

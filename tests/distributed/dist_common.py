@@ -1,0 +1,171 @@
+"""Shared fixtures of the 2-rank gloo tests, and the worker entry point.
+
+The tests launch ``python dist_common.py <case> <out_dir> <json options>`` once per rank
+as plain subprocesses (RANK/WORLD_SIZE/MASTER_* in the environment, as torchrun sets
+them); rank 0 writes its results to ``out_dir`` with ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+EOS = 2
+TEMPERATURE = 0.9
+ROWS = 6
+WORLD = 2
+
+
+def load_model():
+    from rlforge.models import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer("preset:tiny")
+    return load_causal_lm("preset:tiny", tok, {"initializer_range": 0.2}, seed=3), tok
+
+
+def make_batch(model, tok):
+    """6 sequences, left-padded prompts of 2..7 tokens, responses with 1..8 valid tokens."""
+    from rlforge.batch import Batch
+    from rlforge.roles.forward import response_log_probs
+    from rlforge.rollout.base import assemble
+
+    g = torch.Generator().manual_seed(0)
+    pad = tok.pad_token_id
+    p_lens, eos_at, R = [2, 7, 4, 5, 3, 6], [0, 7, 3, None, 5, 1], 8
+    width = max(p_lens)
+    ids = torch.full((ROWS, width), pad, dtype=torch.long)
+    mask = torch.zeros((ROWS, width), dtype=torch.long)
+    raw = torch.randint(100, 1000, (ROWS, R), generator=g)
+    for i, (n, e) in enumerate(zip(p_lens, eos_at, strict=True)):
+        ids[i, width - n:] = torch.randint(100, 1000, (n,), generator=g)
+        mask[i, width - n:] = 1
+        if e is not None:
+            raw[i, e] = EOS
+    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
+                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+    b = assemble(prompts, raw, [EOS], pad)
+    with torch.no_grad():
+        logp, _ = response_log_probs(model.eval(), b, TEMPERATURE, with_entropy=False)
+    model.train()
+    rmask = b["response_mask"].float()
+    b["old_log_probs"] = (logp + (torch.rand(logp.shape, generator=g) - 0.5) * 0.1) * rmask
+    b["ref_log_prob"] = (logp + (torch.rand(logp.shape, generator=g) - 0.5) * 0.2) * rmask
+    b["advantages"] = torch.randn(logp.shape, generator=g) * rmask
+    return b
+
+
+def actor_cfg(mode: str = "seq-mean-token-mean"):
+    from rlforge.config import ActorConfig
+
+    cfg = ActorConfig()
+    cfg.loss_agg_mode = mode
+    cfg.grad_clip = 1.0
+    cfg.use_kl_loss = True
+    cfg.kl_loss_coef = 0.5
+    cfg.kl_loss_type = "low_var_kl"
+    cfg.entropy_coeff = 0.01
+    cfg.optim.lr = 1e-3
+    return cfg
+
+
+def run_actor(engine, batch, mode: str, micro: int):
+    """One optimizer step through the real actor loss; returns (metrics, log-probs of ``batch``)."""
+    from rlforge.roles.actor import Actor
+
+    actor = Actor(engine, actor_cfg(mode), mini_batch_size=len(batch), micro_batch_size=micro,
+                  log_prob_micro_batch_size=2)
+    metrics = actor.update(batch, TEMPERATURE)
+    logp = actor.compute_log_prob(batch, TEMPERATURE)["log_probs"]
+    return metrics, logp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(case: str, out_dir: Path, opts: dict, timeout: float = 120.0) -> None:
+    """Run ``case`` on ``WORLD`` gloo ranks; raise with the ranks' stderr on failure."""
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, __file__, case, str(out_dir), json.dumps(opts)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errors = []
+    for rank, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            errors.append(f"rank {rank} timed out:\n{err[-4000:]}")
+            continue
+        if p.returncode != 0:
+            errors.append(f"rank {rank} exit {p.returncode}:\n{err[-4000:]}")
+    if errors:
+        raise RuntimeError("\n".join(errors))
+
+
+# ---------------------------------------------------------------------------- worker side
+def _case_train(out: Path, opts: dict) -> None:
+    """One actor step on this rank's half of the batch; rank 0 saves metrics, the full state,
+    a ``sync_to`` copy, and (fsdp2) the state re-loaded into a fresh engine."""
+    import torch.distributed as dist
+
+    import rlforge.engine.fsdp1  # noqa: F401 - registers "fsdp"
+    import rlforge.engine.fsdp2  # noqa: F401 - registers "fsdp2"
+    from rlforge.config.common import FSDPConfig
+    from rlforge.engine import ENGINES
+    from rlforge.engine.distributed import init_distributed
+
+    info = init_distributed("cpu")
+    model, tok = load_model()
+    batch = make_batch(model, tok)
+    half = ROWS // info.world_size
+    mine = batch.select(slice(info.rank * half, (info.rank + 1) * half))
+    cfg = actor_cfg(opts["mode"])
+    fsdp_cfg = FSDPConfig(forward_prefetch=opts.get("prefetch", False))
+
+    def make_engine(module):
+        return ENGINES.get(opts["strategy"])(
+            module, info.device, fsdp_config=fsdp_cfg, optim_cfg=cfg.optim, total_steps=10,
+            grad_clip=cfg.grad_clip, gradient_checkpointing=opts.get("ckpt", False),
+            activation_offload=opts.get("offload", False),
+        )
+
+    engine = make_engine(model)
+    metrics, logp = run_actor(engine, mine, opts["mode"], opts["micro"])
+    state = engine.state_dict()
+    synced, _ = load_model()
+    engine.sync_to(synced)
+    logps = [None] * info.world_size
+    dist.all_gather_object(logps, logp)
+    result = {"metrics": metrics, "state": state, "synced": synced.state_dict(), "logp": torch.cat(logps)}
+    if opts.get("reload"):
+        path = out / "state.pt"
+        if info.rank == 0:
+            torch.save(state, path)
+        dist.barrier()
+        fresh = make_engine(load_model()[0])
+        fresh.load_state_dict(torch.load(path, weights_only=False))
+        result["reloaded"] = dict(fresh.full_params_iter("cpu"))
+        result["reloaded_state"] = fresh.state_dict()
+    if info.rank == 0:
+        torch.save(result, out / "result.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    {"train": _case_train}[sys.argv[1]](Path(sys.argv[2]), json.loads(sys.argv[3]))
