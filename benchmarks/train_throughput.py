@@ -1,0 +1,156 @@
+"""Actor-update throughput: fixed vs token-budget micro-batches, checkpointing, activation
+offload, FSDP2 on 1 and 2 GPUs.
+
+Run on the GPU machine, one process per GPU:
+
+    torchrun --nproc_per_node=1 benchmarks/train_throughput.py --model qwen2.5-0.5b qwen2.5-1.5b
+    torchrun --nproc_per_node=2 benchmarks/train_throughput.py --model qwen2.5-1.5b --rows fsdp2-dyn
+
+Each row times ``Actor.update``-style optimizer steps (``TrainEngine.train_step`` with the
+real PPO loss) on a batch of ``--seqs`` sequences per GPU.  Each sequence is a 128-token
+prompt and a response whose length comes from a long-tailed mix (log-normal, clipped to
+64..2048).  The model is a ``preset:`` with random weights, fp32 master weights and bf16
+compute.  Reported per row: tokens/s for all GPUs (valid tokens only), MFU (model FLOPs
+of the valid tokens, attention included, over the H200's 989 TFLOP/s bf16 peak per GPU),
+and peak allocated memory per GPU.
+
+Rows (``--rows``):
+  fixed-K     K rows per micro-batch, padded to the longest sequence of the batch
+  fixedrm-K   K rows per micro-batch with the padding-free (packed) forward
+  dyn         token-budget micro-batches (``--budget`` tokens) with the packed forward
+  dyn-ckpt    dyn with gradient checkpointing
+  dyn-offload dyn with activation offload
+  dyn-ckpt-offload  both
+  fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from rlforge.batch import Batch
+from rlforge.config import ActorConfig, FSDPConfig, OptimConfig
+from rlforge.engine import ENGINES
+from rlforge.engine.distributed import init_distributed
+from rlforge.models import load_causal_lm, load_tokenizer
+from rlforge.perf.flops import device_peak_flops, forward_flops
+from rlforge.roles.actor import Actor
+from rlforge.rollout.base import assemble
+
+PROMPT_LEN = 128
+DEFAULT_ROWS = "fixed-2,fixed-4,fixed-8,fixedrm-4,fixedrm-8,dyn,dyn-ckpt,dyn-offload,dyn-ckpt-offload,fsdp2-dyn"
+
+
+def response_lengths(n: int, seed: int) -> list[int]:
+    """Long-tailed lengths: log-normal around ~300 tokens, clipped to 64..2048."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(mean=5.7, sigma=0.9, size=n), 64, 2048).astype(int).tolist()
+
+
+def make_batch(vocab: int, n: int, seed: int, eos: int, pad: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    lens = response_lengths(n, seed)
+    r_max = max(lens)
+    ids = torch.randint(100, vocab - 1, (n, PROMPT_LEN), generator=g)
+    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                               "position_ids": torch.arange(PROMPT_LEN).expand(n, -1).clone()})
+    resp = torch.randint(100, vocab - 1, (n, r_max), generator=g)
+    for i, L in enumerate(lens):
+        if L < r_max:
+            resp[i, L - 1] = eos
+    b = assemble(prompts, resp, [eos], pad)
+    mask = b["response_mask"].float()
+    b["old_log_probs"] = -5.0 * mask
+    b["advantages"] = torch.randn(mask.shape, generator=g) * mask
+    return b
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, world: int) -> dict:
+    parts = row.split("-")
+    dyn = parts[0] == "dyn" or row == "fsdp2-dyn"
+    remove_padding = dyn or parts[0] == "fixedrm"
+    micro = int(parts[1]) if parts[0] in ("fixed", "fixedrm") else len(batch)
+    name = "fsdp2" if row.startswith("fsdp2") else "local"
+    module = copy.deepcopy(base_model)
+    optim = OptimConfig(lr=1e-6)
+    engine = ENGINES.get(name)(
+        module, device, fsdp_config=FSDPConfig(forward_prefetch=True), optim_cfg=optim, total_steps=100,
+        optim_key="optim", grad_clip=1.0, gradient_checkpointing="ckpt" in parts, activation_offload="offload" in parts,
+    )
+    cfg = ActorConfig(ppo_mini_batch_size=len(batch), ppo_epochs=1)
+    actor = Actor(engine, cfg, len(batch), micro, micro, max_token_len=args.budget if dyn else None,
+                  remove_padding=remove_padding)
+    loss_fn = actor._loss_fn(1.0)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(args.warmup + args.iters):
+        _sync()
+        t0 = time.perf_counter()
+        engine.train_step(batch, loss_fn, micro, args.budget if dyn else None)
+        _sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    t = float(np.median(times))
+    seqlens = batch["attention_mask"].sum(-1).tolist()
+    flops = 3.0 * forward_flops(base_model.config, seqlens) * world
+    peak = device_peak_flops(device) or 989e12
+    tokens = float(sum(seqlens)) * world
+    out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops / t / (peak * world),
+           "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0}
+    del engine, actor, module
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    p.add_argument("--rows", default=DEFAULT_ROWS)
+    p.add_argument("--seqs", type=int, default=64, help="sequences per GPU per optimizer step")
+    p.add_argument("--budget", type=int, default=16384, help="token budget of dynamic micro-batches")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
+    args = p.parse_args()
+    dev_type = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script only
+    info = init_distributed(dev_type) if "WORLD_SIZE" in os.environ else None
+    device = info.device if info else torch.device(dev_type)
+    rank, world = (info.rank, info.world_size) if info else (0, 1)
+    tok = load_tokenizer("preset:tiny", args.tokenizer)
+    for model_name in args.model:
+        base = load_causal_lm(f"preset:{model_name}", tok, seed=0)
+        batch = make_batch(base.config.vocab_size, args.seqs, seed=rank, eos=tok.eos_token_id, pad=tok.pad_token_id)
+        lens = batch["attention_mask"].sum(-1)
+        if rank == 0:
+            print(f"\n{model_name}: {world} GPU(s), {args.seqs} seqs/GPU, valid tokens/GPU {int(lens.sum())}, "
+                  f"padded {batch['input_ids'].numel()}, max len {int(lens.max())}, budget {args.budget}", flush=True)
+            print(f"{'row':<18} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8}", flush=True)
+        for row in args.rows.split(","):
+            try:
+                r = run_row(row, base, batch, args, device, world)
+                line = f"{row:<18} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} {r['peak_mem_gb']:>8.1f}"
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                line = f"{row:<18} out of memory"
+            if rank == 0:
+                print(line, flush=True)
+        del base
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
