@@ -84,6 +84,8 @@ def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, w
     micro = int(parts[1]) if parts[0] in ("fixed", "fixedrm") else len(batch)
     name = "fsdp2" if row.startswith("fsdp2") else "local"
     module = copy.deepcopy(base_model)
+    if remove_padding and args.attn:
+        module.set_attn_implementation(args.attn)  # packed rows: e.g. flex_attention's block-sparse masks
     optim = OptimConfig(lr=1e-6)
     engine = ENGINES.get(name)(
         module, device, fsdp_config=FSDPConfig(forward_prefetch=True), optim_cfg=optim, total_steps=100,
@@ -125,6 +127,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
+    p.add_argument("--attn", default="flex_attention",
+                   help="attention implementation of the packed rows ('' = the model's default, sdpa)")
     args = p.parse_args()
     dev_type = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script only
     info = init_distributed(dev_type) if "WORLD_SIZE" in os.environ else None

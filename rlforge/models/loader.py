@@ -168,19 +168,25 @@ def load_causal_lm(
     """A float32 causal LM on the CPU (the engine moves and casts it).
 
     ``override_config`` entries are set on the model config before the model is built,
-    as verl's ``model.override_config`` does.  Presets are initialised from ``seed``.
+    as verl's ``model.override_config`` does; ``attn_implementation`` (``sdpa``, ``eager``,
+    ``flex_attention``, ``flash_attention_2``) selects transformers' attention kernel.
+    Presets are initialised from ``seed``.
 
     Raises:
         ModelError: if the path cannot be resolved.
     """
     src = resolve_source(path, key)
-    cfg = _config_for(src, tokenizer, dict(override_config or {}))
+    override = dict(override_config or {})
+    attn = override.pop("attn_implementation", None)
+    cfg = _config_for(src, tokenizer, override)
     if src.kind == "preset":
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(_hf_folder(src), config=cfg, dtype=torch.float32)
+    if attn:  # e.g. flex_attention: block-sparse document masks for the packed forward
+        model.set_attn_implementation(attn)
     _sync_special_tokens(model, tokenizer)
     return model
 
