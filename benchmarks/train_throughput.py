@@ -22,6 +22,7 @@ Rows (``--rows``):
   dyn-offload dyn with activation offload
   dyn-ckpt-offload  both
   fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun)
+  fsdp2-dyn-ckpt  the same with gradient checkpointing
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _sync() -> None:
 
 def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, world: int) -> dict:
     parts = row.split("-")
-    dyn = parts[0] == "dyn" or row == "fsdp2-dyn"
+    dyn = "dyn" in parts
     remove_padding = dyn or parts[0] == "fixedrm"
     micro = int(parts[1]) if parts[0] in ("fixed", "fixedrm") else len(batch)
     name = "fsdp2" if row.startswith("fsdp2") else "local"
