@@ -50,7 +50,10 @@ def grpo_normalized_scores(scores: torch.Tensor, gid: torch.Tensor, eps: float, 
     """GRPO's per-sequence advantage (B,): ``(s - mean_g) / (std_g + eps)`` or ``s - mean_g``.
 
     A group of size 1 uses mean 0 and std 1, as verl does (so it yields ``s / (1 + eps)``).
+    The statistics are computed in float64, so scores up to ~1e150 do not overflow.
     """
+    dtype = scores.dtype
+    scores = scores.double()
     count, mean, std = group_count_mean_std(scores, gid)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
@@ -58,4 +61,4 @@ def grpo_normalized_scores(scores: torch.Tensor, gid: torch.Tensor, eps: float, 
     adv = scores - mean[gid]
     if norm_by_std:
         adv = adv / (std[gid] + eps)
-    return adv
+    return adv.to(dtype)

@@ -9,14 +9,19 @@ delete its row.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rlforge.config.common import MegatronConfig
+from rlforge.errors import ConfigError
 
 SUPPORTED_LOGGERS = ("console", "file")
-"""``trainer.logger`` entries this build runs; others (wandb, mlflow, tensorboard, ...) are skipped."""
+"""``trainer.logger`` entries this build runs."""
+
+VERL_LOGGERS = ("wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "clearml", "trackio")
+"""verl's other loggers: accepted with a warning and skipped; any other name is an error."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,14 @@ def later_work_warnings(cfg: Any) -> list[str]:
         if row.matters(value):
             out.append(row.message.format(key=row.key, value=value))
     for name in cfg.trainer.logger:
-        if name not in SUPPORTED_LOGGERS:
-            out.append(f"trainer.logger: '{name}' is not installed/supported yet; skipped")
+        if name in VERL_LOGGERS:
+            out.append(f"trainer.logger: '{name}' (a verl logger) is not supported by rlforge yet; skipped. "
+                       f"rlforge logs to {', '.join(SUPPORTED_LOGGERS)}")
+        elif name not in SUPPORTED_LOGGERS:
+            close = difflib.get_close_matches(str(name), [*SUPPORTED_LOGGERS, *VERL_LOGGERS], n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"trainer.logger: unknown logger '{name}'.{hint} "
+                              f"Valid: {', '.join(SUPPORTED_LOGGERS)}")
     return out
 
 

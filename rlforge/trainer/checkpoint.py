@@ -56,8 +56,9 @@ def save_checkpoint(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
+    for stale in root.glob(".global_step_*.tmp-*"):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".global_step_{step}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         for name, state in parts.items():
@@ -69,9 +70,11 @@ def save_checkpoint(
         for sub, write in (exports or {}).items():
             (tmp / sub).mkdir(parents=True, exist_ok=True)
             write(tmp / sub)
-        if final.exists():
-            shutil.rmtree(final)
+        old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
+        if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -109,11 +112,43 @@ def find_resume_path(resume_mode: str, default_local_dir: str | Path, resume_fro
     tracker = Path(default_local_dir) / TRACKER
     if not tracker.exists():
         return None
-    p = Path(default_local_dir) / f"global_step_{tracker.read_text().strip()}"
-    return p if (p / "trainer_state.pt").exists() else None
+    text = tracker.read_text().strip()
+    p = Path(default_local_dir) / f"global_step_{text}"
+    if not text.isdigit() or not (p / "trainer_state.pt").exists():
+        raise ConfigError(
+            f"{tracker} points to {p.name}, which is not a complete checkpoint. Fix or delete the tracker file, "
+            "set trainer.resume_mode=resume_path with trainer.resume_from_path=<a global_step_N folder>, or "
+            "trainer.resume_mode=disable to start over (existing checkpoints may then be overwritten)"
+        )
+    return p
 
 
 def load_part(ckpt: Path, name: str) -> dict[str, Any]:
-    """Load one part (``actor``, ``critic`` or ``trainer_state``) of a checkpoint on the CPU."""
+    """Load one part (``actor``, ``critic`` or ``trainer_state``) of a checkpoint on the CPU.
+
+    Raises:
+        ConfigError: the file is missing or unreadable (truncated, corrupt).
+    """
     path = ckpt / "trainer_state.pt" if name == "trainer_state" else ckpt / name / "state.pt"
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise ConfigError(f"checkpoint file {path} is missing, corrupt or incomplete ({e.__class__.__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def restore(engine: Any, ckpt: Path, name: str, model_key: str) -> None:
+    """Load part ``name`` of ``ckpt`` into ``engine``.
+
+    Raises:
+        ConfigError: unreadable file, or a state that does not fit the model (another
+            architecture or ``override_config``), naming ``model_key``.
+    """
+    state = load_part(ckpt, name)
+    try:
+        engine.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise ConfigError(
+            f"checkpoint {ckpt / name} does not match the model built from {model_key}.* "
+            f"({str(e).splitlines()[0][:200]}); resume with the same model settings or set trainer.resume_mode=disable"
+        ) from None

@@ -81,9 +81,9 @@ class PPOTrainer:
         path = ckpt.find_resume_path(t.resume_mode, self.out_dir, t.resume_from_path)
         if path is None:
             return
-        self.job.actor.engine.load_state_dict(ckpt.load_part(path, "actor"))
+        ckpt.restore(self.job.actor.engine, path, "actor", "actor_rollout_ref.model")
         if self.job.critic is not None:
-            self.job.critic.engine.load_state_dict(ckpt.load_part(path, "critic"))
+            ckpt.restore(self.job.critic.engine, path, "critic", "critic.model")
         state = ckpt.load_part(path, "trainer_state")
         self.global_step = int(state["global_step"])
         self.job.train_loader.load_state_dict(state["dataloader"])
@@ -307,5 +307,11 @@ class PPOTrainer:
             ),
             alg,
         )
+        if not (torch.isfinite(adv).all() and torch.isfinite(ret).all()):
+            raise RLForgeError(
+                f"step {self.global_step}: algorithm.adv_estimator={self.cfg.algorithm.adv_estimator} gave non-finite "
+                f"advantages (rewards range {float(batch['token_level_rewards'].min()):.3g} .. "
+                f"{float(batch['token_level_rewards'].max()):.3g}); check the reward function's scale"
+            )
         batch["advantages"] = adv
         batch["returns"] = ret

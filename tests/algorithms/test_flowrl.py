@@ -148,5 +148,5 @@ def test_flowrl_config_defaults():
     f = FlowRLConfig()
     assert dataclasses.asdict(f) == {
         "beta": 15.0, "reward": "group_norm", "use_ref": True, "weight_clamp_max": 10.0, "weight_clamp_min": None,
-        "log_z_hidden_size": 256, "log_z_lr_multiplier": 1.0,
+        "log_z_hidden_size": 256, "export_log_z": False, "log_z_lr_multiplier": 1.0,
     }

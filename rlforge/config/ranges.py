@@ -1,0 +1,74 @@
+"""Value-range checks: every float in the config is finite, and the keys below lie in their
+valid ranges.  Each failure is a :class:`ConfigError` naming the full key, the value and
+the valid range, before any model is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rlforge.errors import ConfigError
+
+_ARR = "actor_rollout_ref"
+
+# key -> (check, description of the valid range)
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    f"{_ARR}.actor.optim.lr": (lambda v: v >= 0, ">= 0"),
+    f"{_ARR}.actor.optim.weight_decay": (lambda v: v >= 0, ">= 0"),
+    f"{_ARR}.actor.optim.lr_warmup_steps_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "critic.optim.lr": (lambda v: v >= 0, ">= 0"),
+    "critic.optim.weight_decay": (lambda v: v >= 0, ">= 0"),
+    "critic.optim.lr_warmup_steps_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    f"{_ARR}.rollout.temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    f"{_ARR}.rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    f"{_ARR}.rollout.top_k": (lambda v: v == -1 or v >= 0, "-1 (off) or >= 0"),
+    f"{_ARR}.rollout.val_kwargs.temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    f"{_ARR}.rollout.val_kwargs.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    f"{_ARR}.rollout.val_kwargs.top_k": (lambda v: v == -1 or v >= 0, "-1 (off) or >= 0"),
+    f"{_ARR}.rollout.val_kwargs.n": (lambda v: v >= 1, ">= 1"),
+    f"{_ARR}.actor.clip_ratio": (lambda v: v > 0, "> 0"),
+    f"{_ARR}.actor.clip_ratio_low": (lambda v: v is None or v > 0, "> 0"),
+    f"{_ARR}.actor.clip_ratio_high": (lambda v: v is None or v > 0, "> 0"),
+    f"{_ARR}.actor.grad_clip": (lambda v: v is None or v >= 0, ">= 0 (0 = no clipping)"),
+    "critic.grad_clip": (lambda v: v is None or v >= 0, ">= 0 (0 = no clipping)"),
+    "critic.cliprange_value": (lambda v: v > 0, "> 0"),
+    f"{_ARR}.actor.kl_loss_coef": (lambda v: v >= 0, ">= 0"),
+    f"{_ARR}.actor.ppo_epochs": (lambda v: v >= 1, ">= 1"),
+    f"{_ARR}.actor.ppo_max_token_len_per_gpu": (lambda v: v >= 1, ">= 1"),
+    "algorithm.gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algorithm.lam": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algorithm.kl_ctrl.kl_coef": (lambda v: v >= 0, ">= 0"),
+    "data.max_prompt_length": (lambda v: v >= 1, ">= 1"),
+    "data.max_response_length": (lambda v: v >= 1, ">= 1"),
+}
+
+
+def _get(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _non_finite_floats(node: Any, prefix: str) -> list[tuple[str, float]]:
+    bad: list[tuple[str, float]] = []
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            bad += _non_finite_floats(getattr(node, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    elif isinstance(node, float) and not math.isfinite(node):
+        bad.append((prefix, node))
+    return bad
+
+
+def check_ranges(cfg: Any) -> None:
+    """Raise :class:`ConfigError` for the first non-finite float or out-of-range value."""
+    bad = _non_finite_floats(cfg, "")
+    if bad:
+        key, value = bad[0]
+        raise ConfigError(f"{key}={value}: must be a finite number")
+    for key, (ok, valid) in RANGES.items():
+        value = _get(cfg, key)
+        if value is not None and not ok(value):
+            raise ConfigError(f"{key}={value}: must be {valid}")
