@@ -40,7 +40,10 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     for w in validate_config(cfg):
         print(f"rlforge: warning: {w}", file=sys.stderr, flush=True)
     if print_config:
-        print(format_config(cfg))
+        try:
+            print(format_config(cfg), flush=True)
+        except BrokenPipeError:  # e.g. `rlforge train --print-config | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     from rlforge.launch import maybe_launch
 
@@ -73,7 +76,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlforge`` console script."""
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
+    if getattr(args, "command", None) == "train" and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
     _quiet_libraries()
     try:

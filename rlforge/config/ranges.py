@@ -42,6 +42,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "algorithm.kl_ctrl.kl_coef": (lambda v: v >= 0, ">= 0"),
     "data.max_prompt_length": (lambda v: v >= 1, ">= 1"),
     "data.max_response_length": (lambda v: v >= 1, ">= 1"),
+    # rollout backends: hf here; verl's vllm and sglang fall back to hf with a warning
+    f"{_ARR}.rollout.name": (lambda v: v in ("hf", "vllm", "sglang"), "hf (or verl's vllm / sglang, run as hf)"),
 }
 
 

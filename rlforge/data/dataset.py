@@ -83,7 +83,15 @@ def _check_messages(messages: Any, origin: str, prompt_key: str) -> list[dict[st
             f"{origin}: {prompt_key!r} must be a non-empty list of chat messages "
             f"{{'role': ..., 'content': ...}}, got {str(messages)[:80]!r}"
         )
+    for j, m in enumerate(messages):
+        if not isinstance(m["content"], str):
+            raise DataError(f"{origin}: {prompt_key}[{j}].content must be a string, got {type(m['content']).__name__}")
+        if m["role"] not in _ROLES:
+            raise DataError(f"{origin}: {prompt_key}[{j}].role={m['role']!r} is not one of {', '.join(_ROLES)}")
     return [dict(m) for m in messages]
+
+
+_ROLES = ("system", "user", "assistant", "tool")
 
 
 class RLDataset:
@@ -191,6 +199,10 @@ class RLDataset:
             ids = truncate(ids, self.max_prompt_length, truncation)
             self.num_truncated += 1
         extra = row.get("extra_info")
+        if extra is not None and not isinstance(extra, Mapping):
+            raise DataError(f"{origin}: 'extra_info' must be a dict (or absent), got {type(extra).__name__}")
+        if not isinstance(row.get("data_source"), str) or not row.get("data_source"):
+            raise DataError(f"{origin}: 'data_source' (a non-empty string naming the reward rule) is missing")
         extra = dict(extra) if isinstance(extra, Mapping) else {}
         if extra.get("index") is None:  # parquet structs turn absent keys into None
             extra["index"] = i

@@ -80,9 +80,15 @@ def convert_gsm8k(src_dir: str, out_dir: str) -> dict[str, int]:
         split: [convert_row(raw, split, i, f"{path} row {i}") for i, raw in enumerate(read_file(path))]
         for split, path in sources.items()
     }
-    os.makedirs(out_dir, exist_ok=True)
-    counts: dict[str, int] = {}
-    for split, rows in converted.items():
-        pq.write_table(pa.Table.from_pylist(rows), os.path.join(out_dir, f"{split}.parquet"))
-        counts[split] = len(rows)
+    empty = [sources[split] for split, rows in converted.items() if not rows]
+    if empty:
+        raise DataError(f"GSM8K source file(s) have no rows: {', '.join(empty)}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        counts: dict[str, int] = {}
+        for split, rows in converted.items():
+            pq.write_table(pa.Table.from_pylist(rows), os.path.join(out_dir, f"{split}.parquet"))
+            counts[split] = len(rows)
+    except OSError as e:
+        raise DataError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
     return counts

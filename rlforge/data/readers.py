@@ -93,6 +93,8 @@ def read_file(path: str) -> list[dict[str, Any]]:
         DataError: if the file is missing, has an unsupported suffix, or cannot be parsed;
             the message names the file (and the line, for bad JSON).
     """
+    if os.path.isdir(path):
+        raise DataError(f"data file {path} is a directory; give the .parquet/.jsonl file(s) inside it")
     if not os.path.isfile(path):
         raise DataError(f"data file not found: {path}")
     suffix = os.path.splitext(path)[1].lower()

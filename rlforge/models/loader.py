@@ -20,6 +20,8 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,18 @@ def resolve_source(path: str, key: str = "actor_rollout_ref.model.path") -> Mode
     raise ModelError(f"{key}={path}: not a Hugging Face model folder (no config.json) and not a .gguf file")
 
 
+@contextmanager
+def _as_model_error(key: str, path: str, what: str = "load") -> Iterator[None]:
+    """Turn a library's failure on a bad model file or config into one :class:`ModelError`."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else e.__class__.__name__
+        raise ModelError(f"{key}={path}: cannot {what} it ({e.__class__.__name__}: {first})") from None
+
+
 def _cache_root() -> Path:
     return Path(os.environ.get("RLFORGE_CACHE", "~/.cache/rlforge")).expanduser()
 
@@ -143,7 +157,9 @@ def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "act
     src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
     if src.kind == "preset":
         src = resolve_source(DEFAULT_MODEL)
-    tok = AutoTokenizer.from_pretrained(_hf_folder(src))
+    with _as_model_error("model.tokenizer_path" if tokenizer_path else key, tokenizer_path or path,
+                         "load a tokenizer from"):
+        tok = AutoTokenizer.from_pretrained(_hf_folder(src))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -178,15 +194,16 @@ def load_causal_lm(
     src = resolve_source(path, key)
     override = dict(override_config or {})
     attn = override.pop("attn_implementation", None)
-    cfg = _config_for(src, tokenizer, override)
-    if src.kind == "preset":
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(_hf_folder(src), config=cfg, dtype=torch.float32)
-    if attn:  # e.g. flex_attention: block-sparse document masks for the packed forward
-        model.set_attn_implementation(attn)
+    with _as_model_error(f"{key} (with {key.rsplit('.', 1)[0]}.override_config={override})", path, "build a model from"):
+        cfg = _config_for(src, tokenizer, override)
+        if src.kind == "preset":
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(_hf_folder(src), config=cfg, dtype=torch.float32)
+        if attn:  # e.g. flex_attention: block-sparse document masks for the packed forward
+            model.set_attn_implementation(attn)
     _sync_special_tokens(model, tokenizer)
     return model
 
@@ -209,9 +226,9 @@ def load_value_model(
     src = resolve_source(path, key)
     override = dict(override_config or {})
     override["num_labels"] = 1
-    cfg = _config_for(src, tokenizer, override)
-    cfg.classifier_dropout = 0.0
-    with torch.random.fork_rng():
+    with _as_model_error(key, path, "build a value model from"), torch.random.fork_rng():
+        cfg = _config_for(src, tokenizer, override)
+        cfg.classifier_dropout = 0.0
         torch.manual_seed(seed)
         if src.kind == "preset":
             model = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from rlforge.batch import Batch
+from rlforge.errors import RLForgeError
 from rlforge.rollout.base import ROLLOUTS, Rollout, SamplingParams, assemble
 
 
@@ -95,10 +96,18 @@ class HFRollout(Rollout):
                     self.device.type, dtype=self.autocast_dtype or torch.float32,
                     enabled=self.autocast_dtype is not None,
                 ):
-                    seq = self.module.generate(
-                        input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
-                        logits_processor=LogitsProcessorList([_ProgressTicker(bar)]),
-                    )
+                    try:
+                        seq = self.module.generate(
+                            input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                            logits_processor=LogitsProcessorList([_ProgressTicker(bar)]),
+                        )
+                    except RuntimeError as e:
+                        if "probability tensor" not in str(e):
+                            raise
+                        raise RLForgeError(
+                            "the policy produced non-finite probabilities: its weights diverged. Lower "
+                            "actor_rollout_ref.actor.optim.lr or grad_clip, or check the reward scale"
+                        ) from None
                 resp = seq[:, ids.shape[1]:].cpu()
                 outs.append(resp)
         finally:

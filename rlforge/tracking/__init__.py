@@ -13,6 +13,21 @@ LOGGERS.register("console")(ConsoleLogger)
 LOGGERS.register("file")(FileLogger)
 
 
+def rotate_metrics_file(directory: Path, filename: str = "metrics.jsonl") -> Path | None:
+    """A fresh (not resumed) run keeps an earlier run's ``metrics.jsonl`` as
+    ``metrics.<N>.jsonl`` instead of appending to it; returns the new name, if any."""
+    path = directory / filename
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    n = 1
+    while (directory / f"metrics.{n}.jsonl").exists():
+        n += 1
+    target = directory / f"metrics.{n}.jsonl"
+    path.rename(target)
+    print(f"rlforge: an earlier run's {path} was kept as {target.name}", flush=True)
+    return target
+
+
 class Tracking:
     """Fans one ``log(metrics, step)`` call out to every configured logger."""
 
@@ -31,4 +46,4 @@ class Tracking:
             lg.close()
 
 
-__all__ = ["LOGGERS", "ConsoleLogger", "FileLogger", "Tracking"]
+__all__ = ["LOGGERS", "ConsoleLogger", "FileLogger", "Tracking", "rotate_metrics_file"]

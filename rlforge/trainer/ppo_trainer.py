@@ -33,12 +33,12 @@ from rlforge.algorithms import (
 )
 from rlforge.batch import Batch
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import memory_metrics
 from rlforge.perf.timer import timed
 from rlforge.rollout import SamplingParams
-from rlforge.tracking import Tracking
+from rlforge.tracking import Tracking, rotate_metrics_file
 from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer import spmd
 from rlforge.trainer.build import Job, build_job
@@ -72,7 +72,13 @@ class PPOTrainer:
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.global_step = 0
         self.out_dir = cfg.trainer.default_local_dir
+        try:
+            Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"trainer.default_local_dir={self.out_dir}: cannot create it ({e.strerror or e})") from None
         self._resume()
+        if self.global_step == 0 and self.rank == 0:
+            rotate_metrics_file(Path(self.out_dir))
         self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir)
 
     # ------------------------------------------------------------------ checkpoints
@@ -203,6 +209,11 @@ class PPOTrainer:
                 with timed("update_actor", m):
                     m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature).items()})
                     job.actor.engine.lr_scheduler_step()
+                if not np.isfinite(m["actor/pg_loss"]):
+                    raise RLForgeError(
+                        f"step {self.global_step}: the actor loss is {m['actor/pg_loss']}; the run is diverging. "
+                        "Lower actor_rollout_ref.actor.optim.lr, check the rewards, or resume from an earlier checkpoint"
+                    )
                 job.sync_rollout()
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
