@@ -127,4 +127,7 @@ def test_save_and_resume_reproduces_uninterrupted_run(tmp_path):
 def test_resume_mode_disable_starts_fresh(tmp_path):
     run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.save_freq=1")
     rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.resume_mode=disable")
-    assert [r["step"] for r in rows] == [1, 1]
+    # a fresh run starts a new metrics.jsonl and keeps the earlier one as metrics.1.jsonl
+    assert [r["step"] for r in rows] == [1]
+    kept = [json.loads(x) for x in (tmp_path / "metrics.1.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept] == [1]
