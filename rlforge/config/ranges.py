@@ -74,3 +74,25 @@ def check_ranges(cfg: Any) -> None:
         value = _get(cfg, key)
         if value is not None and not ok(value):
             raise ConfigError(f"{key}={value}: must be {valid}")
+
+
+def check_token_budgets(cfg: Any) -> None:
+    """With dynamic batching, every token budget must hold the longest possible sequence
+    (``data.max_prompt_length + data.max_response_length``), as verl requires."""
+    longest = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    budgets = [
+        (arr.actor.use_dynamic_bsz, f"{_ARR}.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu),
+        (arr.rollout.log_prob_use_dynamic_bsz, f"{_ARR}.rollout.log_prob_max_token_len_per_gpu",
+         arr.rollout.log_prob_max_token_len_per_gpu),
+        (arr.ref.log_prob_use_dynamic_bsz, f"{_ARR}.ref.log_prob_max_token_len_per_gpu",
+         arr.ref.log_prob_max_token_len_per_gpu),
+        (critic.use_dynamic_bsz, "critic.ppo_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu),
+        (critic.use_dynamic_bsz, "critic.forward_max_token_len_per_gpu", critic.forward_max_token_len_per_gpu),
+    ]
+    for on, key, value in budgets:
+        if on and int(value) < longest:
+            raise ConfigError(
+                f"{key}={value} is smaller than the longest possible sequence, data.max_prompt_length + "
+                f"data.max_response_length = {longest}; raise it to at least {longest}"
+            )

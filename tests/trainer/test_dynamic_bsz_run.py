@@ -23,6 +23,7 @@ BASE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
     "data.max_response_length=8",
+    "data.max_prompt_length=64",
     "data.builtin.train_size=16",
     "trainer.total_training_steps=1",
     "trainer.val_before_train=false",
