@@ -44,6 +44,8 @@ class TrainEngine(ABC):
 
     module: torch.nn.Module
     device: torch.device
+    optimizer: torch.optim.Optimizer | None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
 
     @abstractmethod
     def infer(
@@ -64,14 +66,16 @@ class TrainEngine(ABC):
         ``grad_norm``.
         """
 
-    @abstractmethod
     def lr_scheduler_step(self) -> float:
         """Advance the LR schedule by one RL step; return the new learning rate."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return self.lr
 
     @property
-    @abstractmethod
     def lr(self) -> float:
-        """The current learning rate."""
+        """The current learning rate of the first parameter group (0 without an optimizer)."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:

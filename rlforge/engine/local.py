@@ -106,15 +106,6 @@ class LocalEngine(TrainEngine):
         out["grad_norm"] = grad_norm
         return out
 
-    def lr_scheduler_step(self) -> float:
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return self.lr
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.module.state_dict(),

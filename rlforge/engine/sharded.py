@@ -225,15 +225,6 @@ class ShardedEngine(TrainEngine):
 
         return _Ctx()
 
-    def lr_scheduler_step(self) -> float:
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return self.lr
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
-
     # ------------------------------------------------------------------ state dicts
     @property
     def _OPTS(self) -> StateDictOptions:  # noqa: N802
