@@ -197,7 +197,7 @@ def load_causal_lm(
     with _as_model_error(f"{key} (with {key.rsplit('.', 1)[0]}.override_config={override})", path, "build a model from"):
         cfg = _config_for(src, tokenizer, override)
         if src.kind == "preset":
-            with torch.random.fork_rng():
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         else:
@@ -226,7 +226,7 @@ def load_value_model(
     src = resolve_source(path, key)
     override = dict(override_config or {})
     override["num_labels"] = 1
-    with _as_model_error(key, path, "build a value model from"), torch.random.fork_rng():
+    with _as_model_error(key, path, "build a value model from"), torch.random.fork_rng(devices=[]):
         cfg = _config_for(src, tokenizer, override)
         cfg.classifier_dropout = 0.0
         torch.manual_seed(seed)
