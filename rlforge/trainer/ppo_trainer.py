@@ -265,16 +265,21 @@ class PPOTrainer:
     def _collect(self, m: dict[str, float]) -> Batch:
         """Generate and score ``data.train_batch_size`` prompt groups; with DAPO dynamic
         sampling (``algorithm.filter_groups.enable``) keep generating until that many groups
-        with a non-zero spread are found or ``max_num_gen_batches`` is reached."""
+        with a non-zero spread are found or ``max_num_gen_batches`` is reached.
+
+        With several ranks the loop runs in lockstep: every rank draws the same number of
+        prompt batches (a rank that is already full only advances its loader), so the
+        loaders stay in step and the limit and its error are decided by all ranks together.
+        """
         fg = self.cfg.algorithm.filter_groups
         if not fg.enable:
             return self._generate_and_score(m)
         want = int(self.cfg.data.train_batch_size) // self.world_size  # groups per rank
         kept: list[Batch] = []
         num_kept = num_dropped = num_gen = 0
-        while num_kept < want:
+        while not spmd.all_ranks(num_kept >= want):
             if fg.max_num_gen_batches > 0 and num_gen >= fg.max_num_gen_batches:
-                if not fg.proceed_on_limit or num_kept == 0:
+                if not fg.proceed_on_limit or not spmd.all_ranks(num_kept > 0):
                     raise RLForgeError(
                         f"dynamic sampling kept {num_kept} of {want} prompt groups after "
                         f"algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches} generation batches "
@@ -286,8 +291,11 @@ class PPOTrainer:
                         "so there is nothing to train on. Use easier data or raise max_num_gen_batches."
                     )
                 break
-            batch = self._generate_and_score(m)
             num_gen += 1
+            if num_kept >= want:  # this rank is full; keep its loader in step with the others
+                self.job.train_loader.next_batch()
+                continue
+            batch = self._generate_and_score(m)
             uids = kept_groups(batch.non_tensor["uid"], sequence_metric(batch, fg.metric))
             uids = uids[: want - num_kept]
             num_dropped += len(set(batch.non_tensor["uid"].tolist())) - len(uids)
@@ -295,7 +303,7 @@ class PPOTrainer:
             if uids:
                 kept.append(select_groups(batch, uids))
         m["train/num_gen_batches"] = float(num_gen)
-        m["filter_groups/kept"] = float(num_kept)
+        m["filter_groups/kept"] = float(num_kept)  # per rank; the logged value is the mean over ranks
         m["filter_groups/dropped"] = float(num_dropped)
         return Batch.concat(kept)
 

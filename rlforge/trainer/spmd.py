@@ -70,6 +70,11 @@ def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def all_ranks(flag: bool) -> bool:
+    """True when ``flag`` is true on every rank (a collective: every rank must call it)."""
+    return all(gather_objects(bool(flag)))
+
+
 def barrier() -> None:
     if world()[1] > 1:
         dist.barrier()

@@ -53,3 +53,20 @@ def test_two_process_training_then_single_process_resume(tmp_path, strategy):
     assert "resumed from" in res.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_dynamic_sampling_limit_is_decided_by_all_ranks(tmp_path):
+    # arithmetic on a random model: every group has zero spread on both ranks; both must stop
+    # together with the same clear error (no rank left waiting in a collective).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlforge.cli", "train", "actor_rollout_ref.model.path=preset:tiny", "trainer.device=cpu",
+         "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1", "trainer.val_before_train=false",
+         "data.max_response_length=2", "algorithm.filter_groups.enable=true",
+         "algorithm.filter_groups.max_num_gen_batches=2", "trainer.logger=[file]", f"trainer.default_local_dir={tmp_path}"],
+        capture_output=True, text=True, env=env, timeout=200,
+    )
+    assert res.returncode == 2
+    assert res.stderr.count("max_num_gen_batches=2 generation batches") == 2  # one line per rank
+    assert "Traceback" not in res.stderr
