@@ -63,7 +63,8 @@ def _sharding_rows(node: str, cls: type) -> list[LaterWork]:
 _ARR = "actor_rollout_ref"
 
 LATER_WORK: tuple[LaterWork, ...] = (
-    LaterWork(f"{_ARR}.rollout.name", lambda v: v != "hf", "{key}={value} is not available in this build; using hf"),
+    LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
+              "{key}={value} is not available in this build; using hf (or try rollout.name=native)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v > 1,
               "{key}={value}: tensor-parallel rollout is not available in this build; using 1"),
     LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v != 0.5,

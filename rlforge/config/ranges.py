@@ -42,8 +42,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "algorithm.kl_ctrl.kl_coef": (lambda v: v >= 0, ">= 0"),
     "data.max_prompt_length": (lambda v: v >= 1, ">= 1"),
     "data.max_response_length": (lambda v: v >= 1, ">= 1"),
-    # rollout backends: hf here; verl's vllm and sglang fall back to hf with a warning
-    f"{_ARR}.rollout.name": (lambda v: v in ("hf", "vllm", "sglang"), "hf (or verl's vllm / sglang, run as hf)"),
+    # rollout backends: hf and native here; verl's vllm and sglang fall back to hf with a warning
+    f"{_ARR}.rollout.name": (lambda v: v in ("hf", "native", "vllm", "sglang"),
+                             "hf or native (or verl's vllm / sglang, run as hf)"),
 }
 
 

@@ -80,6 +80,8 @@ class RolloutConfig:
     """Token budget per packed micro batch (tokens); defaults to ``actor.ppo_max_token_len_per_gpu``."""
     disable_log_stats: bool = True
     """Silence the backend's periodic statistics."""
+    enable_prefix_caching: bool = True
+    """``native`` rollout: the n samples of one prompt share the prompt's KV blocks (prefilled once)."""
     enable_chunked_prefill: bool = True
     """Chunked prefill in the backend."""
     do_sample: bool = True

@@ -53,6 +53,15 @@ class Rollout(ABC):
     def sync_weights(self) -> None:  # noqa: B027 - optional hook
         """Make the actor's latest weights visible to the backend (no-op when shared)."""
 
+    @classmethod
+    def from_config(
+        cls, module: torch.nn.Module, eos_ids: list[int], pad_id: int, device: torch.device,
+        autocast_dtype: torch.dtype | None, rollout_cfg: object,
+    ) -> Rollout:
+        """Build the backend from ``actor_rollout_ref.rollout`` config; backends with their own
+        settings override this."""
+        return cls(module, eos_ids, pad_id, device, autocast_dtype=autocast_dtype)  # type: ignore[call-arg]
+
 
 ROLLOUTS: Registry[type[Rollout]] = Registry("rollout backend", "actor_rollout_ref.rollout.name")
 

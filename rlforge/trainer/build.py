@@ -222,8 +222,8 @@ def build_job(cfg: Any) -> Job:
         rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
     else:
         rollout_lm = actor_module
-    rollout = ROLLOUTS.get(rollout_name(cfg))(
-        rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype=autocast_dtype(device),
+    rollout = ROLLOUTS.get(rollout_name(cfg)).from_config(
+        rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
     reward = build_reward_manager(cfg, tokenizer)
     def sync_rollout() -> None:

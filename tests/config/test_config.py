@@ -160,7 +160,7 @@ def test_verl_command_line_loads_with_warnings() -> None:
     cfg = load_config(VERL_GSM8K_LINE)
     warnings = validate_config(cfg)
     assert cfg.critic.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert "actor_rollout_ref.rollout.name=vllm is not available in this build; using hf" in warnings
+    assert "actor_rollout_ref.rollout.name=vllm is not available in this build; using hf (or try rollout.name=native)" in warnings
     assert any("gpu_memory_utilization=0.4" in w for w in warnings)
     assert any("'wandb'" in w for w in warnings)
     assert effective_loggers(cfg) == ["console"]

@@ -1,0 +1,49 @@
+"""Per-request state of the native engine: one :class:`Sequence` per row to sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """One prompt and its growing response.
+
+    ``num_computed_tokens`` counts leading tokens (prompt, then generated) whose K/V are in
+    the cache; ``num_cached_tokens`` is how many of those came from the prefix cache at the
+    last admission.  ``block_table[i]`` holds tokens ``[i*block_size, (i+1)*block_size)``.
+    """
+
+    seq_id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_len(self) -> int:
+        """Tokens this sequence can ever hold (prompt + all new tokens)."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
