@@ -50,6 +50,10 @@ class Rollout(ABC):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample one response per row of ``prompts``; see the module docstring for shapes."""
 
+    def metrics(self) -> dict[str, float]:
+        """``rollout/*`` metrics of the last :meth:`generate` call (none by default)."""
+        return {}
+
     def sync_weights(self) -> None:  # noqa: B027 - optional hook
         """Make the actor's latest weights visible to the backend (no-op when shared)."""
 

@@ -250,6 +250,7 @@ class PPOTrainer:
         prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         with timed("gen", m):
             batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
+        m.update(job.rollout.metrics())
         if getattr(self.adv_fn, "needs_reward_baselines", False):
             with timed("gen_max", m):
                 greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))

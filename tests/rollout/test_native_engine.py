@@ -192,3 +192,24 @@ def test_native_rollout_from_the_cli(tmp_path):
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["response_length/mean"] == 1.0 and row["actor/grad_norm"] > 0
     assert "timing_s/gen" in row
+
+
+def test_native_rollout_reports_rollout_metrics(tmp_path):
+    """The trainer logs the engine's ``rollout/*`` metrics; with n=4 samples per prompt the
+    prompt blocks are shared (prefix hits > 0) and nothing is preempted in a full-size cache."""
+    import json
+
+    from rlforge.cli import main
+
+    assert main([
+        "train", "actor_rollout_ref.model.path=preset:tiny", "actor_rollout_ref.rollout.name=native",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "data.max_response_length=4", "data.builtin.train_size=4", "trainer.total_training_steps=1",
+        "trainer.val_before_train=false", "trainer.logger=[file]", f"trainer.default_local_dir={tmp_path}",
+    ]) == 0
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["rollout/output_tokens_per_s"] > 0
+    assert row["rollout/num_preemptions"] == 0
+    assert 0 < row["rollout/kv_cache_peak_usage"] <= 1
+    assert 0 < row["rollout/batch_occupancy"] <= 1
+    assert row["rollout/prefix_hit_blocks"] > 0

@@ -8,6 +8,7 @@ the actor's module in place at every step: nothing is copied, nothing to sync.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ class NativeRollout(Rollout):
         self.generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
+        self._last_metrics: dict[str, float] = {}
 
     def _cache_dtype(self) -> torch.dtype:
         return self.autocast_dtype or next(self.module.parameters()).dtype
@@ -106,6 +108,8 @@ class NativeRollout(Rollout):
         runner = ModelRunner(self.module, cache)
         bar = tqdm(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
                    disable=not self.progress)
+        steps = sampled = 0
+        t0 = time.perf_counter()
         try:
             with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                                 enabled=self.autocast_dtype is not None):
@@ -116,15 +120,30 @@ class NativeRollout(Rollout):
                     toks = sample(logits, params, self.generator).tolist() if inp.sample_rows else []
                     sched.update(out, dict(zip(inp.sample_seq_ids, toks, strict=True)))
                     bar.update(len(toks))
+                    steps += 1
+                    sampled += len(toks)
         finally:
             bar.close()
             del cache, runner
+        elapsed = time.perf_counter() - t0
         self.last_stats, self.last_num_preemptions = bm.stats, sched.num_preemptions
+        self._last_metrics = {
+            "rollout/output_tokens_per_s": sampled / max(elapsed, 1e-9),
+            "rollout/batch_occupancy": sampled / max(steps, 1) / self.scheduler_config.max_num_seqs,
+            "rollout/num_preemptions": float(sched.num_preemptions),
+            "rollout/kv_cache_peak_usage": bm.stats.peak_blocks_in_use / max(bm.num_blocks, 1),
+            "rollout/prefix_hit_blocks": float(bm.stats.prefix_hit_blocks),
+        }
         width = max(len(s.output_ids) for s in seqs)
         resp = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         for s in seqs:
             resp[s.seq_id, : len(s.output_ids)] = torch.tensor(s.output_ids, dtype=torch.long)
         return assemble(prompts, resp, self.eos_ids, self.pad_id)
+
+    def metrics(self) -> dict[str, float]:
+        """Of the last ``generate``: output tokens/s, mean sequences sampled per engine step over
+        ``max_num_seqs``, preemptions, peak fraction of KV blocks in use, blocks shared by prefix."""
+        return dict(self._last_metrics)
 
     @classmethod
     def from_config(
