@@ -110,13 +110,22 @@ def _cache_root() -> Path:
 
 
 def _gguf_as_hf_folder(gguf_path: str) -> str:
-    """Convert a GGUF file to a Hugging Face folder once; return the folder."""
+    """Convert a GGUF file to a Hugging Face folder once; return the folder.
+
+    The cache key is the file's size and a hash of its first and last MiB, so the same file
+    installed in several virtual environments is converted only once.
+    """
     src = Path(gguf_path)
-    st = src.stat()
-    tag = hashlib.sha1(f"{src.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    out = _cache_root() / "gguf" / f"{src.stem}-{tag}"
+    size = src.stat().st_size
+    h = hashlib.sha1(str(size).encode())
+    with src.open("rb") as fh:
+        h.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        h.update(fh.read(1 << 20))
+    out = _cache_root() / "gguf" / f"{src.stem}-{h.hexdigest()[:12]}"
     if (out / "config.json").exists():
         return str(out)
+    print(f"rlforge: converting {src.name} to a Hugging Face folder in {out.parent} (once; ~15-45 s)", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
