@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import nn
@@ -42,9 +41,8 @@ from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto
 from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, clean_name, decoder_layers
 from rlforge.engine.base import ENGINES
-from rlforge.engine.distributed import build_mesh, is_initialized
 from rlforge.engine.fsdp2 import FORWARD_METHODS
-from rlforge.engine.sharded import ParamGroupSpec, ShardedEngine, mixed_precision_dtypes, to_dtype
+from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dtype
 
 
 def _strategy(mesh: DeviceMesh, reshard_after_forward: bool) -> ShardingStrategy:
@@ -90,22 +88,11 @@ def wrap_fsdp1(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.device, me
 class FSDP1Engine(ShardedEngine):
     """One model sharded with FSDP1; the arguments are :class:`~rlforge.engine.fsdp2.FSDP2Engine`'s."""
 
-    def __init__(
-        self, module: nn.Module, device: torch.device, *, fsdp_config: FSDPConfig | None = None,
-        optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
-        param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
-        activation_offload: bool = False, mesh: DeviceMesh | None = None,
-    ) -> None:
-        if not is_initialized():
-            raise RuntimeError("strategy=fsdp needs torch.distributed: call rlforge.engine.distributed."
-                               "init_distributed() (launch with torchrun, also for one device)")
-        cfg = fsdp_config or FSDPConfig()
-        self.device = device
-        self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
-        self.module = wrap_fsdp1(module, cfg, device, self.mesh, gradient_checkpointing, activation_offload)
-        self.grad_clip = grad_clip
-        self.optimizer_offload = bool(cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy))
-        self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
+    strategy = "fsdp"
+
+    def _shard(self, module: nn.Module, cfg: FSDPConfig, gradient_checkpointing: bool,
+               activation_offload: bool) -> nn.Module:
+        return wrap_fsdp1(module, cfg, self.device, self.mesh, gradient_checkpointing, activation_offload)
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         return float(self.module.clip_grad_norm_(max_norm))

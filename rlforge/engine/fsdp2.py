@@ -46,8 +46,7 @@ from torch.distributed.tensor import DTensor
 from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, decoder_layers
 from rlforge.engine.base import ENGINES
-from rlforge.engine.distributed import build_mesh, is_initialized
-from rlforge.engine.sharded import ParamGroupSpec, ShardedEngine, mixed_precision_dtypes, to_dtype
+from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dtype
 
 FORWARD_METHODS = ("forward_with_log_z",)
 """Methods besides ``forward`` that callers invoke on the root (``PolicyWithLogZ``); FSDP2
@@ -105,23 +104,11 @@ class FSDP2Engine(ShardedEngine):
         RuntimeError: no process group is initialised.
     """
 
-    def __init__(
-        self, module: nn.Module, device: torch.device, *, fsdp_config: FSDPConfig | None = None,
-        optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
-        param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
-        activation_offload: bool = False, mesh: DeviceMesh | None = None,
-    ) -> None:
-        if not is_initialized():
-            raise RuntimeError("strategy=fsdp2 needs torch.distributed: call rlforge.engine.distributed."
-                               "init_distributed() (launch with torchrun, also for one device)")
-        cfg = fsdp_config or FSDPConfig()
-        self.device = device
-        self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
-        self.module = parallelize_fsdp2(module, cfg, device, self.mesh, gradient_checkpointing,
-                                        activation_offload)
-        self.grad_clip = grad_clip
-        self.optimizer_offload = bool(cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy))
-        self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
+    strategy = "fsdp2"
+
+    def _shard(self, module: nn.Module, cfg: FSDPConfig, gradient_checkpointing: bool,
+               activation_offload: bool) -> nn.Module:
+        return parallelize_fsdp2(module, cfg, self.device, self.mesh, gradient_checkpointing, activation_offload)
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]

@@ -107,15 +107,44 @@ def merge_metrics(per_micro: list[dict[str, float]], device: torch.device) -> di
 
 class ShardedEngine(TrainEngine):
     """Common part of :class:`~rlforge.engine.fsdp2.FSDP2Engine` and
-    :class:`~rlforge.engine.fsdp1.FSDP1Engine`; subclasses shard ``self.module`` and set
-    ``self.device`` before calling :meth:`_build_optimizer`."""
+    :class:`~rlforge.engine.fsdp1.FSDP1Engine`: the constructor (mesh, sharding through the
+    subclass's :meth:`_shard`, then the optimizer over the sharded parameters) and the step.
 
+    Raises:
+        RuntimeError: no process group is initialised.
+    """
+
+    strategy: str = "fsdp"
     module: nn.Module
     device: torch.device
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     grad_clip: float = 1.0
     optimizer_offload: bool = False
+
+    def __init__(
+        self, module: nn.Module, device: torch.device, *, fsdp_config: Any = None,
+        optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
+        param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
+        activation_offload: bool = False, mesh: Any = None,
+    ) -> None:
+        from rlforge.config.common import FSDPConfig
+        from rlforge.engine.distributed import build_mesh, is_initialized
+
+        if not is_initialized():
+            raise RuntimeError(f"strategy={self.strategy} needs torch.distributed: call rlforge.engine.distributed."
+                               "init_distributed() (launch with torchrun, also for one device)")
+        cfg = fsdp_config or FSDPConfig()
+        self.device = device
+        self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
+        self.module = self._shard(module, cfg, gradient_checkpointing, activation_offload)
+        self.grad_clip = grad_clip
+        self.optimizer_offload = bool(cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy))
+        self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
+
+    def _shard(self, module: nn.Module, cfg: Any, gradient_checkpointing: bool, activation_offload: bool) -> nn.Module:
+        """Apply this strategy's sharding to ``module`` on ``self.device``/``self.mesh``."""
+        raise NotImplementedError
 
     def _build_optimizer(self, optim_cfg: Any | None, param_groups: ParamGroupSpec | None, total_steps: int,
                          key: str) -> None:
