@@ -72,5 +72,7 @@ def maybe_launch(cfg: Any, argv: Sequence[str]) -> int | None:
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
         print(f"rlforge: error: {len(codes)} worker process(es) failed (their messages are above)", file=sys.stderr)
-        return 2 if all(c == 2 for c in codes) else 1
+        # a user error (exit 2, message printed) on one rank makes the launcher stop the others,
+        # which then exit with a signal or 1: the run failed for the user's reason
+        return 2 if 2 in codes else 1
     return 0
