@@ -13,7 +13,7 @@ from rlforge.rollout import SamplingParams
 from rlforge.rollout.hf import HFRollout
 from rlforge.rollout.native import NativeRollout
 from rlforge.rollout.native.kv_cache import KVCache
-from rlforge.rollout.native.model_runner import ModelRunner, StepInputs
+from rlforge.rollout.native.model_runner import ModelRunner, step_inputs
 from rlforge.rollout.native.sampler import sample
 
 TEXTS = [
@@ -146,8 +146,8 @@ def test_first_token_samples_follow_softmax(model, tiny_tokenizer):
     # the runner's logits for the same context agree with transformers'
     spec_runner = ModelRunner(model, KVCache.allocate(2, 4, 8, 2, 16, torch.float32, CPU))
     n = len(ids)
-    inp = StepInputs(torch.tensor(ids), torch.arange(n), torch.arange(n), [0], [n], [n],
-                     [list(range(-(-n // 8)))], [n - 1], [0])
+    inp = step_inputs(ids, list(range(n)), list(range(n)), [0], [n], [n], [list(range(-(-n // 8)))], [n - 1], [0],
+                      CPU)
     logits = spec_runner.run(inp)[0]
     torch.testing.assert_close(logits.softmax(-1), probs, atol=1e-5, rtol=1e-4)
     # the vocabulary is split into 10 bins of about equal probability (tokens sorted by

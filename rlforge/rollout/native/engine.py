@@ -1,9 +1,18 @@
 """``NativeRollout``: the engine loop ``schedule() -> run() -> update()`` behind :class:`Rollout`.
 
-Each ``generate`` call builds a fresh KV cache and block manager (released at the end, so
-the memory is free for training between rollouts), turns every row of the left-padded
-prompt batch into a :class:`Sequence`, and loops until all finish.  Weights are read from
-the actor's module in place at every step: nothing is copied, nothing to sync.
+Each ``generate`` call turns every row of the left-padded prompt batch into a
+:class:`Sequence` and loops until all finish.  A step that mixes prefill chunks and decodes
+runs eagerly and synchronises once to read its tokens.  A step where every sequence only
+decodes becomes a *burst*: up to ``max_decode_burst`` decode steps run back to back on the
+device (CUDA graphs on GPU), each feeding its sampled tokens to the next, and the host reads
+all their tokens at once.  Tokens sampled after a sequence's EOS inside a burst are dropped.
+
+Memory (``free_cache_engine``): "wake" allocates the KV cache and captures the CUDA graphs
+before generation; "sleep" frees both afterwards so training gets the memory back.  With
+``free_cache_engine=False`` they are kept between calls and rebuilt only when the cache must
+grow or the weights are new tensors.  ``rollout/wake_s`` and ``rollout/sleep_s`` time both.
+
+Weights are read from the actor's module in place at every step: nothing is copied.
 """
 
 from __future__ import annotations
@@ -11,17 +20,26 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from rlforge.batch import Batch
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.rollout.base import ROLLOUTS, Rollout, SamplingParams, assemble
 from rlforge.rollout.native.block_manager import BlockManager, BlockManagerStats
+from rlforge.rollout.native.cuda_graph import DecodeGraphs, capture_sizes, weights_key
 from rlforge.rollout.native.kv_cache import KVCache
-from rlforge.rollout.native.model_runner import ModelRunner, ModelSpec, prepare_inputs
-from rlforge.rollout.native.sampler import sample
-from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig
+from rlforge.rollout.native.model_runner import (
+    DecodeInputs,
+    ModelRunner,
+    ModelSpec,
+    block_table_tensor,
+    prepare_inputs,
+)
+from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
+from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rlforge.rollout.native.sequence import Sequence
 
 
@@ -31,13 +49,24 @@ class NativeRollout(Rollout):
 
     Args (beyond :class:`~rlforge.rollout.hf.HFRollout`'s):
         block_size: tokens per KV block.
-        num_blocks: KV blocks in the cache; None = from ``kv_cache_memory_fraction`` of free
-            CUDA memory, or (CPU, or no fraction) enough for every row at full length.
-        kv_cache_memory_fraction: fraction of free device memory for the cache (CUDA only).
+        num_blocks: KV blocks in the cache; None = sized from ``gpu_memory_utilization`` on
+            CUDA (capped at what every row needs at full length), or exactly that need on CPU.
+        gpu_memory_utilization: fraction of the device's total memory the engine may hold for
+            weights plus KV cache, as in vLLM (CUDA only; None = all free memory but 10%).
         max_num_seqs: sequences per step.
         max_num_batched_tokens: tokens per step (prefill chunk budget).
         enable_prefix_caching: share full prompt blocks between rows with the same prompt.
         seed: seed of the sampler's generator; None = torch's global RNG.
+        enforce_eager: no CUDA graphs.
+        cudagraph_capture_sizes: batch sizes to capture; None = the default ladder.
+        free_cache_engine: free the KV cache and graphs after each ``generate``.
+        calculate_log_probs: also return ``rollout_log_probs`` ``(batch, response_len)``
+            float32 nats (0 past each response's end).
+        ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
+        max_decode_burst: decode steps run on the device between two host reads.
+        attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
+
+    Raises ValueError for a non-positive size.
     """
 
     def __init__(
@@ -52,16 +81,25 @@ class NativeRollout(Rollout):
         *,
         block_size: int = 16,
         num_blocks: int | None = None,
-        kv_cache_memory_fraction: float | None = None,
+        gpu_memory_utilization: float | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         enable_prefix_caching: bool = True,
         seed: int | None = None,
+        enforce_eager: bool = False,
+        cudagraph_capture_sizes: list[int] | None = None,
+        free_cache_engine: bool = True,
+        calculate_log_probs: bool = False,
+        ignore_eos: bool = False,
+        max_decode_burst: int = 16,
+        attention: str = "auto",
     ) -> None:
         if block_size < 1:
             raise ValueError(f"rollout block_size must be >= 1, got {block_size}")
         if num_blocks is not None and num_blocks < 1:
             raise ValueError(f"rollout num_blocks must be >= 1 or None, got {num_blocks}")
+        if max_decode_burst < 1:
+            raise ValueError(f"rollout max_decode_burst must be >= 1, got {max_decode_burst}")
         self.module = module
         self.eos_ids = list(eos_ids)
         self.pad_id = pad_id
@@ -71,27 +109,86 @@ class NativeRollout(Rollout):
         self.progress = progress
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_cache_memory_fraction = kv_cache_memory_fraction
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens)
         self.enable_prefix_caching = enable_prefix_caching
         self.generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.cudagraph_capture_sizes = cudagraph_capture_sizes
+        self.free_cache_engine = free_cache_engine
+        self.calculate_log_probs = calculate_log_probs
+        self.ignore_eos = ignore_eos
+        self.max_decode_burst = max_decode_burst
+        self.attention = attention
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
         self._last_metrics: dict[str, float] = {}
+        self._cache: KVCache | None = None
+        self._runner: ModelRunner | None = None
+        self._graphs: DecodeGraphs | None = None
 
+    # ------------------------------------------------------------------ memory
     def _cache_dtype(self) -> torch.dtype:
         return self.autocast_dtype or next(self.module.parameters()).dtype
 
-    def _num_blocks(self, seqs: list[Sequence], spec: ModelSpec) -> int:
-        if self.num_blocks is not None:
-            return self.num_blocks
-        if self.kv_cache_memory_fraction is not None and self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            per = KVCache.bytes_per_block(spec.num_layers, self.block_size, spec.num_kv_heads, spec.head_dim,
-                                          self._cache_dtype())
-            return max(1, int(free * self.kv_cache_memory_fraction) // per)
+    def _blocks_needed(self, seqs: list[Sequence]) -> int:
         return sum(-(-s.max_len // self.block_size) for s in seqs)
 
+    def _num_blocks(self, seqs: list[Sequence], spec: ModelSpec) -> int:
+        """Blocks for this call: fixed ``num_blocks``, else every row at full length, capped on
+        CUDA by the memory budget (raises RLForgeError when the budget holds no block)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        need = self._blocks_needed(seqs)
+        if self.device.type != "cuda":
+            return need
+        per = KVCache.bytes_per_block(spec.num_layers, self.block_size, spec.num_kv_heads, spec.head_dim,
+                                      self._cache_dtype())
+        free, total = torch.cuda.mem_get_info(self.device)
+        vocab = self.module.lm_head.weight.shape[0]
+        scratch = 2 * self.scheduler_config.max_num_seqs * vocab * 4  # logits and sampling buffers
+        budget = free * 0.9 - scratch
+        if self.gpu_memory_utilization is not None:
+            weights = sum(p.numel() * p.element_size() for p in self.module.parameters())
+            budget = min(budget, self.gpu_memory_utilization * total - weights - scratch)
+        blocks = int(budget // per)
+        if blocks < 1:
+            raise RLForgeError(
+                f"actor_rollout_ref.rollout.gpu_memory_utilization={self.gpu_memory_utilization}: no memory is "
+                f"left for the KV cache ({free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB); raise it"
+            )
+        return min(need, blocks)
+
+    def _wake(self, seqs: list[Sequence], spec: ModelSpec) -> tuple[ModelRunner, int]:
+        """Allocate the cache (+1 spare block for graph padding) and capture the graphs, or
+        reuse them; returns the runner and the number of blocks the block manager may use."""
+        num_blocks = self._num_blocks(seqs, spec)
+        max_blocks = max(-(-s.max_len // self.block_size) for s in seqs)
+        batch = min(self.scheduler_config.max_num_seqs, len(seqs))
+        reuse = (
+            self._cache is not None and self._cache.num_blocks >= num_blocks + 1
+            and (self._graphs is None or (self._graphs.max_blocks >= max_blocks and self._graphs.sizes[-1] >= batch
+                                          and self._graphs.key[1] == weights_key(self.module)))
+            and self._cache.data.dtype == self._cache_dtype()
+        )
+        if not reuse:
+            self._sleep()
+            self._cache = KVCache.allocate(spec.num_layers, num_blocks + 1, self.block_size, spec.num_kv_heads,
+                                           spec.head_dim, self._cache_dtype(), self.device)
+            self._runner = ModelRunner(self.module, self._cache, self.attention)
+            if self.use_graphs:
+                sizes = capture_sizes(self.cudagraph_capture_sizes, batch)
+                self._graphs = DecodeGraphs(self._runner, sizes, max_blocks, num_blocks * self.block_size)
+        assert self._runner is not None and self._cache is not None
+        return self._runner, self._cache.num_blocks - 1
+
+    def _sleep(self) -> None:
+        """Free the KV cache and the graphs (their memory pool), returning the memory to training."""
+        self._graphs = self._runner = self._cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
@@ -99,50 +196,131 @@ class NativeRollout(Rollout):
             Sequence(i, ids[i][mask[i]].tolist(), params.max_new_tokens) for i in range(len(prompts))
         ]
         spec = ModelSpec.from_module(self.module)
-        bm = BlockManager(self._num_blocks(seqs, spec), self.block_size, self.enable_prefix_caching)
-        sched = Scheduler(self.scheduler_config, bm, frozenset(self.eos_ids))
-        for s in seqs:
-            sched.add(s)
-        cache = KVCache.allocate(spec.num_layers, bm.num_blocks, self.block_size, spec.num_kv_heads,
-                                 spec.head_dim, self._cache_dtype(), self.device)
-        runner = ModelRunner(self.module, cache)
-        bar = tqdm(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
-                   disable=not self.progress)
-        steps = sampled = 0
+        eos = frozenset() if self.ignore_eos else frozenset(self.eos_ids)
+        m: dict[str, float] = {}
         t0 = time.perf_counter()
-        try:
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                enabled=self.autocast_dtype is not None):
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None, cache_enabled=False):
+            runner, num_blocks = self._wake(seqs, spec)
+            m["rollout/wake_s"] = _elapsed(t0, self.device)
+            bm = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching)
+            sched = Scheduler(self.scheduler_config, bm, eos)
+            for s in seqs:
+                sched.add(s)
+            bar = tqdm(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
+                       disable=not self.progress)
+            steps = sampled = 0
+            t1 = time.perf_counter()
+            try:
                 while sched.has_unfinished:
                     out = sched.schedule()
-                    inp = prepare_inputs(out, self.block_size, self.device)
-                    logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
-                    toks = sample(logits, params, self.generator).tolist() if inp.sample_rows else []
-                    sched.update(out, dict(zip(inp.sample_seq_ids, toks, strict=True)))
-                    bar.update(len(toks))
-                    steps += 1
-                    sampled += len(toks)
-        finally:
-            bar.close()
-            del cache, runner
-        elapsed = time.perf_counter() - t0
+                    if sched.is_pure_decode(out):
+                        k = sched.extend_for_burst(out, self.max_decode_burst)
+                        toks, lps = self._decode_burst(runner, out, k, params)
+                    else:
+                        k = 1
+                        toks, lps = self._mixed_step(runner, out, params)
+                    sched.update_burst(out, toks, lps)
+                    n = sum(len(t) for t in toks.values())
+                    bar.update(n)
+                    steps += k
+                    sampled += n
+            finally:
+                bar.close()
+            m["rollout/gen_s"] = _elapsed(t1, self.device)
+        t2 = time.perf_counter()
+        if self.free_cache_engine:
+            self._sleep()
+        m["rollout/sleep_s"] = time.perf_counter() - t2
+        out_tokens = sum(len(s.output_ids) for s in seqs)
         self.last_stats, self.last_num_preemptions = bm.stats, sched.num_preemptions
         self._last_metrics = {
-            "rollout/output_tokens_per_s": sampled / max(elapsed, 1e-9),
+            **m,
+            "rollout/output_tokens_per_s": out_tokens / max(m["rollout/gen_s"], 1e-9),
             "rollout/batch_occupancy": sampled / max(steps, 1) / self.scheduler_config.max_num_seqs,
             "rollout/num_preemptions": float(sched.num_preemptions),
             "rollout/kv_cache_peak_usage": bm.stats.peak_blocks_in_use / max(bm.num_blocks, 1),
             "rollout/prefix_hit_blocks": float(bm.stats.prefix_hit_blocks),
         }
+        return self._assemble(prompts, seqs)
+
+    def _mixed_step(
+        self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams
+    ) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
+        inp = prepare_inputs(out, self.block_size, self.device)
+        logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
+        if not inp.sample_rows:
+            return {}, {}
+        tok, lp, finite = sample_with_log_probs(logits, params, self.generator)
+        if not bool(finite):
+            raise RLForgeError(NON_FINITE)
+        toks, lps = tok.tolist(), lp.tolist()
+        return ({sid: [t] for sid, t in zip(inp.sample_seq_ids, toks, strict=True)},
+                {sid: [x] for sid, x in zip(inp.sample_seq_ids, lps, strict=True)})
+
+    def _decode_burst(
+        self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams
+    ) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
+        """``k`` decode steps of every sequence in ``out`` with one host read at the end."""
+        seqs, b, bs = out.seqs, len(out.seqs), self.block_size
+        pos0 = np.array([s.num_tokens - 1 for s in seqs], dtype=np.int64)
+        host = DecodeInputs(
+            torch.tensor([s.token_ids[-1] for s in seqs], dtype=torch.long),
+            torch.from_numpy(pos0),
+            torch.zeros(b, dtype=torch.long),
+            block_table_tensor([s.block_table for s in seqs], torch.device("cpu")),
+            torch.from_numpy(pos0 + 1).to(torch.int32),
+        )
+        graphs = self._graphs
+        size = graphs.bucket(b) if graphs is not None else None
+        if graphs is not None and size is not None and host.block_tables.shape[1] <= graphs.max_blocks:
+            d = graphs.view(b)
+            graphs.reset_padding(b, size)
+            d.block_tables.zero_()
+            d.block_tables[:, : host.block_tables.shape[1]].copy_(host.block_tables, non_blocking=True)
+            for name in ("input_ids", "positions", "context_lens"):
+                getattr(d, name).copy_(getattr(host, name), non_blocking=True)
+            forward = lambda: graphs.replay(size)[:b]  # noqa: E731
+        else:
+            d = DecodeInputs(*(t.to(self.device, non_blocking=True) for t in (
+                host.input_ids, host.positions, host.slot_mapping, host.block_tables, host.context_lens)))
+            forward = lambda: runner.decode(d)  # noqa: E731
+        toks = torch.empty((b, k), dtype=torch.long, device=self.device)
+        lps = torch.empty((b, k), dtype=torch.float32, device=self.device)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        for j in range(k):
+            if j > 0:
+                d.input_ids.copy_(toks[:, j - 1])
+                d.positions.add_(1)
+                d.context_lens.add_(1)
+            page = d.block_tables.gather(1, (d.positions // bs)[:, None]).squeeze(1).long()
+            d.slot_mapping.copy_(page * bs + d.positions % bs)
+            tok, lp, ok = sample_with_log_probs(forward(), params, self.generator)
+            toks[:, j], lps[:, j] = tok, lp
+            finite &= ok
+        if not bool(finite):
+            raise RLForgeError(NON_FINITE)
+        tl, ll = toks.tolist(), lps.tolist()
+        return ({s.seq_id: t for s, t in zip(seqs, tl, strict=True)},
+                {s.seq_id: x for s, x in zip(seqs, ll, strict=True)})
+
+    def _assemble(self, prompts: Batch, seqs: list[Sequence]) -> Batch:
         width = max(len(s.output_ids) for s in seqs)
         resp = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         for s in seqs:
             resp[s.seq_id, : len(s.output_ids)] = torch.tensor(s.output_ids, dtype=torch.long)
-        return assemble(prompts, resp, self.eos_ids, self.pad_id)
+        out = assemble(prompts, resp, [] if self.ignore_eos else self.eos_ids, self.pad_id)
+        if self.calculate_log_probs:
+            lp = torch.zeros((len(seqs), width), dtype=torch.float32)
+            for s in seqs:
+                lp[s.seq_id, : len(s.output_log_probs)] = torch.tensor(s.output_log_probs, dtype=torch.float32)
+            out["rollout_log_probs"] = lp * out["response_mask"]
+        return out
 
     def metrics(self) -> dict[str, float]:
         """Of the last ``generate``: output tokens/s, mean sequences sampled per engine step over
-        ``max_num_seqs``, preemptions, peak fraction of KV blocks in use, blocks shared by prefix."""
+        ``max_num_seqs``, preemptions, peak fraction of KV blocks in use, blocks shared by prefix,
+        and the seconds spent generating, waking (cache + graphs) and sleeping."""
         return dict(self._last_metrics)
 
     @classmethod
@@ -150,12 +328,31 @@ class NativeRollout(Rollout):
         cls, module: torch.nn.Module, eos_ids: list[int], pad_id: int, device: torch.device,
         autocast_dtype: torch.dtype | None, rollout_cfg: Any,
     ) -> NativeRollout:
-        """``rollout.{max_num_seqs, max_num_batched_tokens, enable_prefix_caching, gpu_memory_utilization}``;
-        the KV cache takes ``gpu_memory_utilization`` of free device memory on CUDA, and is sized
-        for every row at full length on the CPU."""
+        """Reads ``rollout.{max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
+        gpu_memory_utilization, enforce_eager, cudagraph_capture_sizes, free_cache_engine,
+        calculate_log_probs, ignore_eos}``.  Raises ConfigError for
+        ``tensor_model_parallel_size > 1``."""
+        if int(rollout_cfg.tensor_model_parallel_size) > 1:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_cfg.tensor_model_parallel_size}: "
+                "the native rollout runs one full model copy per GPU (data parallel); tensor-parallel rollout "
+                "is not available yet. Set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+            )
+        sizes = rollout_cfg.cudagraph_capture_sizes
         return cls(
             module, eos_ids, pad_id, device, autocast_dtype=autocast_dtype,
             max_num_seqs=int(rollout_cfg.max_num_seqs), max_num_batched_tokens=int(rollout_cfg.max_num_batched_tokens),
             enable_prefix_caching=bool(rollout_cfg.enable_prefix_caching),
-            kv_cache_memory_fraction=float(rollout_cfg.gpu_memory_utilization) if device.type == "cuda" else None,
+            gpu_memory_utilization=float(rollout_cfg.gpu_memory_utilization) if device.type == "cuda" else None,
+            enforce_eager=bool(rollout_cfg.enforce_eager),
+            cudagraph_capture_sizes=[int(x) for x in sizes] if sizes else None,
+            free_cache_engine=bool(rollout_cfg.free_cache_engine),
+            calculate_log_probs=bool(rollout_cfg.calculate_log_probs),
+            ignore_eos=bool(rollout_cfg.ignore_eos),
         )
+
+
+def _elapsed(t0: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0

@@ -9,19 +9,22 @@ scaled, rotate-half RoPE from the module's own ``rotary_emb.inv_freq`` and
 ``attention_scaling`` (so rope scaling types match), attention scale ``head_dim ** -0.5``,
 GQA by repeating each KV head over its group of query heads.
 
-Attention is a plain gather over each sequence's block table and
-``scaled_dot_product_attention`` per sequence: the CPU fallback, not a fast kernel.
-Sliding-window attention is not supported.
+Attention reads the paged cache (:mod:`rlforge.rollout.native.attention`): decode rows in one
+batched paged-attention call (a Triton kernel on CUDA), prefill chunks one sequence at a time
+with ``scaled_dot_product_attention``.  Sliding-window attention is not supported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlforge.rollout.native.attention import decode_attention, prefill_attention, resolve_backend
 from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
@@ -48,10 +51,15 @@ class ModelSpec:
 
 @dataclass
 class StepInputs:
-    """Flat inputs of one step. ``input_ids``/``positions``/``slot_mapping``: ``[T]``;
+    """Flat inputs of one mixed step. ``input_ids``/``positions``/``slot_mapping``: ``[T]``;
     per sequence ``i``: query rows ``[query_start[i], query_start[i] + query_len[i])``, context
     length ``context_len[i]`` (cached + new tokens), ``block_tables[i]``; ``sample_rows`` are the
-    query rows whose logits are sampled (last token of sequences that reached their end)."""
+    query rows whose logits are sampled (last token of sequences that reached their end).
+
+    Rows of sequences feeding one token (decode) are attended in one batched call:
+    ``decode_rows: [Bd]``, ``decode_block_tables: [Bd, max_blocks]`` int32,
+    ``decode_context_lens: [Bd]`` int32.  The others (prefill chunks) one sequence at a time:
+    ``prefill`` holds ``(query_start, query_len, context_len, block_table)`` per sequence."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -62,6 +70,32 @@ class StepInputs:
     block_tables: list[list[int]]
     sample_rows: list[int]
     sample_seq_ids: list[int]
+    decode_rows: torch.Tensor | None = None
+    decode_block_tables: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
+    prefill: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class DecodeInputs:
+    """One pure decode step: every row feeds one token and is sampled.  ``input_ids``,
+    ``positions``, ``slot_mapping``: ``[B]`` int64; ``block_tables: [B, max_blocks]`` int32;
+    ``context_lens: [B]`` int32 (including the new token)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+
+
+def block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    """``[len(tables), max_len]`` int32, right-padded with block 0 (never read: masked by context length)."""
+    width = max((len(t) for t in tables), default=1) or 1
+    arr = np.zeros((len(tables), width), dtype=np.int32)
+    for i, t in enumerate(tables):
+        arr[i, : len(t)] = t
+    return torch.from_numpy(arr).to(device, non_blocking=True)
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
@@ -80,8 +114,23 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) 
         if start + n == seq.num_tokens:
             rows.append(len(ids) - 1)
             sids.append(seq.seq_id)
+    return step_inputs(ids, pos, slots, qs, ql, cl, bts, rows, sids, device)
+
+
+def step_inputs(
+    ids: list[int], pos: list[int], slots: list[int], qs: list[int], ql: list[int], cl: list[int],
+    bts: list[list[int]], rows: list[int], sids: list[int], device: torch.device,
+) -> StepInputs:
+    """:class:`StepInputs` from host lists (see its fields), with the decode/prefill split."""
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    return StepInputs(t(ids), t(pos), t(slots), qs, ql, cl, bts, rows, sids)
+    inp = StepInputs(t(ids), t(pos), t(slots), qs, ql, cl, bts, rows, sids)
+    dec = [i for i, n in enumerate(ql) if n == 1]
+    if dec:
+        inp.decode_rows = t([qs[i] for i in dec])
+        inp.decode_block_tables = block_table_tensor([bts[i] for i in dec], device)
+        inp.decode_context_lens = torch.tensor([cl[i] for i in dec], dtype=torch.int32, device=device)
+    inp.prefill = [(qs[i], ql[i], cl[i], t(bts[i])) for i in range(len(ql)) if ql[i] != 1]
+    return inp
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -101,12 +150,18 @@ def _linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
 
 
 class ModelRunner:
-    """Runs one scheduler step through ``module`` and returns ``logits: [num_sample_rows, V]``."""
+    """Runs one engine step through ``module``: :meth:`run` (mixed prefill/decode step, returns
+    the sampled rows' logits) or :meth:`decode` (pure decode, returns every row's logits).
 
-    def __init__(self, module: nn.Module, cache: KVCache) -> None:
+    ``attention``: ``auto`` | ``triton`` | ``torch`` for decode rows (see :mod:`.attention`).
+    """
+
+    def __init__(self, module: nn.Module, cache: KVCache, attention: str = "auto") -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
         self.cache = cache
+        self.backend = resolve_backend(attention, cache.data.device)
+        self.scale = self.spec.head_dim ** -0.5
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rot = self.module.model.rotary_emb
@@ -116,30 +171,30 @@ class ModelRunner:
         scale = getattr(rot, "attention_scaling", 1.0)
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
-    def _attention(self, q: torch.Tensor, layer: int, inp: StepInputs) -> torch.Tensor:
-        """``q: [T, H, D]`` -> ``[T, H, D]``, reading K/V of each sequence from the cache."""
-        s = self.spec
+    def _decode_attn(self, q: torch.Tensor, layer: int, bt: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         kc, vc = self.cache.data[layer, 0], self.cache.data[layer, 1]
-        group = s.num_heads // s.num_kv_heads
+        return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale)
+
+    def _mixed_attn(self, q: torch.Tensor, layer: int, inp: StepInputs) -> torch.Tensor:
+        """``q: [T, H, D]`` -> ``[T, H, D]``: decode rows batched, prefill chunks one sequence at a time."""
+        kc, vc = self.cache.data[layer, 0], self.cache.data[layer, 1]
+        q = q.to(kc.dtype)
         out = torch.empty_like(q)
-        for start, n, ctx, bt in zip(inp.query_start, inp.query_len, inp.context_len, inp.block_tables, strict=True):
-            idx = torch.tensor(bt, dtype=torch.long, device=q.device)
-            k = kc[idx].reshape(-1, s.num_kv_heads, s.head_dim)[:ctx]
-            v = vc[idx].reshape(-1, s.num_kv_heads, s.head_dim)[:ctx]
-            k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, ctx, D]
-            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-            qi = q[start:start + n].transpose(0, 1)  # [H, n, D]
-            qpos = torch.arange(ctx - n, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # [n, ctx]
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=s.head_dim ** -0.5)
-            out[start:start + n] = o.transpose(0, 1)
+        if inp.decode_rows is not None:
+            out[inp.decode_rows] = self._decode_attn(q[inp.decode_rows], layer, inp.decode_block_tables,
+                                                     inp.decode_context_lens)
+        for start, n, ctx, bt in inp.prefill:
+            out[start:start + n] = prefill_attention(q[start:start + n], kc, vc, bt, ctx, self.scale)
         return out
 
-    @torch.no_grad()
-    def run(self, inp: StepInputs) -> torch.Tensor:
+    def _body(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+        attend: Callable[[torch.Tensor, int], torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder layers over ``T`` flat tokens; writes their K/V at ``slot_mapping``; returns ``h: [T, hidden]``."""
         s, m = self.spec, self.module.model
-        h = F.embedding(inp.input_ids, m.embed_tokens.weight)
-        cos, sin = self._rope(inp.positions, h.dtype)
+        h = F.embedding(input_ids, m.embed_tokens.weight)
+        cos, sin = self._rope(positions, h.dtype)
         cos, sin = cos[:, None, :], sin[:, None, :]
         T = h.shape[0]
         for i, layer in enumerate(m.layers):
@@ -153,13 +208,30 @@ class ModelRunner:
                 k = rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            self.cache.flat(i, 0)[inp.slot_mapping] = k.to(self.cache.data.dtype)
-            self.cache.flat(i, 1)[inp.slot_mapping] = v.to(self.cache.data.dtype)
-            a = self._attention(q, i, inp).to(h.dtype)
+            self.cache.flat(i, 0)[slot_mapping] = k.to(self.cache.data.dtype)
+            self.cache.flat(i, 1)[slot_mapping] = v.to(self.cache.data.dtype)
+            a = attend(q, i).to(h.dtype)
             h = h + _linear(a.reshape(T, -1), att.o_proj)
             x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             mlp = layer.mlp
             h = h + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        return h
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.module.model
+        return _linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), self.module.lm_head).float()
+
+    @torch.no_grad()
+    def run(self, inp: StepInputs) -> torch.Tensor:
+        """A mixed step; returns ``logits: [len(inp.sample_rows), V]`` float32."""
+        h = self._body(inp.input_ids, inp.positions, inp.slot_mapping, lambda q, i: self._mixed_attn(q, i, inp))
         rows = torch.tensor(inp.sample_rows, dtype=torch.long, device=h.device)
-        h = rms_norm(h[rows], m.norm.weight, m.norm.variance_epsilon)
-        return _linear(h, self.module.lm_head).float()
+        return self._logits(h[rows])
+
+    @torch.no_grad()
+    def decode(self, d: DecodeInputs) -> torch.Tensor:
+        """A pure decode step; returns ``logits: [B, V]`` float32.  Fixed shapes, no host sync:
+        it can be captured in a CUDA graph."""
+        h = self._body(d.input_ids, d.positions, d.slot_mapping,
+                       lambda q, i: self._decode_attn(q, i, d.block_tables, d.context_lens))
+        return self._logits(h)

@@ -2,6 +2,14 @@
 
 Order as in transformers' ``generate``: temperature, then top-k, then top-p (keeps the
 smallest set of tokens whose probability reaches ``top_p``, always at least one).
+
+A categorical draw is taken with the exponential race: ``argmax(p_i / E_i)`` with
+``E_i ~ Exp(1)`` i.i.d. picks ``i`` with probability ``p_i`` exactly, and unlike
+``torch.multinomial`` it needs no host synchronisation.
+
+Log-probs (``rollout.calculate_log_probs``) are those of the sampled token under
+``softmax(logits / temperature)`` before top-k/top-p, in nats: the distribution the trainer's
+``old_log_prob`` stage scores (greedy decoding uses temperature 1).
 """
 
 from __future__ import annotations
@@ -11,25 +19,51 @@ import torch
 from rlforge.errors import RLForgeError
 from rlforge.rollout.base import SamplingParams
 
+NON_FINITE = (
+    "the policy produced non-finite probabilities: its weights diverged. Lower "
+    "actor_rollout_ref.actor.optim.lr or grad_clip, or check the reward scale"
+)
+
+
+def sample_with_log_probs(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``logits: [B, V]`` -> ``(token ids [B] int64, log-probs [B] float32, finite [])``.
+
+    ``finite`` is a 0-dim bool tensor on the device, False when any row's logits were not
+    finite; it is returned, not checked, so the caller decides when to synchronise.
+    """
+    x = logits.float()
+    if not params.greedy and params.temperature != 1.0:
+        x = x / params.temperature
+    lse = torch.logsumexp(x, dim=-1)
+    finite = torch.isfinite(lse).all()
+    if params.greedy:
+        tok = x.argmax(dim=-1)
+    else:
+        y = x
+        if params.top_k > 0 and params.top_k < x.shape[-1]:
+            kth = torch.topk(y, params.top_k, dim=-1).values[..., -1:]
+            y = y.masked_fill(y < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_y, order = torch.sort(y, dim=-1, descending=False)
+            cum = sorted_y.softmax(-1).cumsum(-1)
+            remove = cum <= 1 - params.top_p
+            remove[..., -1] = False
+            y = y.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+        probs = y.softmax(-1) if y is not x else (x - lse[:, None]).exp()
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        tok = (probs / race).argmax(dim=-1)
+    logp = x.gather(-1, tok[:, None]).squeeze(-1) - lse
+    return tok, logp, finite
+
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``logits: [B, V]`` -> token ids ``[B]``; ``generator`` None uses torch's global RNG."""
-    if params.greedy:
-        return logits.argmax(dim=-1)
-    x = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=False)
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        remove = cum <= 1 - params.top_p
-        remove[..., -1] = False
-        x = x.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
-    probs = x.softmax(-1)
-    if not torch.isfinite(probs).all():
-        raise RLForgeError(
-            "the policy produced non-finite probabilities: its weights diverged. Lower "
-            "actor_rollout_ref.actor.optim.lr or grad_clip, or check the reward scale"
-        )
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """``logits: [B, V]`` -> token ids ``[B]``; ``generator`` None uses torch's global RNG.
+
+    Raises RLForgeError when the logits are not finite (this synchronises the host).
+    """
+    tok, _, finite = sample_with_log_probs(logits, params, generator)
+    if not bool(finite):
+        raise RLForgeError(NON_FINITE)
+    return tok

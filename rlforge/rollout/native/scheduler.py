@@ -119,20 +119,65 @@ class Scheduler:
             )
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
-        """Advance computed counts, append the sampled tokens (``seq_id -> token``), and
-        retire finished sequences; returns those that finished this step."""
+    def is_pure_decode(self, out: SchedulerOutput) -> bool:
+        """True when every scheduled sequence feeds exactly its last token (and is sampled)."""
+        return bool(out.seqs) and all(
+            n == 1 and s.num_computed_tokens + 1 == s.num_tokens for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
+        )
+
+    def extend_for_burst(self, out: SchedulerOutput, max_steps: int) -> int:
+        """Reserve KV slots so the pure decode step ``out`` can run ``k`` steps on the device
+        without the host in between; returns ``k`` (>= 1; the slot of step 1 is already held).
+
+        ``k`` is at most ``max_steps``, at most the fewest new tokens any sequence may still
+        sample, 1 when a waiting sequence could be admitted now (so it joins next step), and
+        shrinks until the free blocks cover every sequence's growth.
+        """
+        k = min([max_steps] + [s.max_new_tokens - len(s.output_ids) for s in out.seqs])
+        bm = self.block_manager
+        if self.waiting and len(self.running) < self.config.max_num_seqs and bm.can_allocate(self.waiting[0]):
+            k = 1
+        while k > 1 and sum(bm.blocks_for(s.num_tokens - 1 + k) - len(s.block_table) for s in out.seqs) > bm.num_free_blocks:
+            k -= 1
+        for s in out.seqs:
+            bm.append_slots(s, s.num_tokens - 1 + k)
+        return max(k, 1)
+
+    def update(
+        self, out: SchedulerOutput, sampled: dict[int, int], log_probs: dict[int, float] | None = None
+    ) -> list[Sequence]:
+        """Advance computed counts, append the sampled tokens (``seq_id -> token``, and their
+        log-probs when given), and retire finished sequences; returns those that finished."""
+        lps = {sid: [lp] for sid, lp in log_probs.items()} if log_probs is not None else None
+        return self.update_burst(out, {sid: [tok] for sid, tok in sampled.items()}, lps)
+
+    def update_burst(
+        self, out: SchedulerOutput, sampled: dict[int, list[int]], log_probs: dict[int, list[float]] | None = None
+    ) -> list[Sequence]:
+        """As :meth:`update` after ``k`` steps on the device: ``sampled[seq_id]`` holds the
+        ``k`` tokens sampled in a row, each fed back as the next step's input, so the K/V of
+        ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or length limit are
+        dropped (their K/V sit in blocks that are freed with the sequence)."""
         finished = []
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.block_manager.mark_computed(seq)
-            tok = sampled.get(seq.seq_id)
-            if tok is None:  # a prefill chunk that did not reach the last token
+            toks = sampled.get(seq.seq_id)
+            if toks is None:  # a prefill chunk that did not reach the last token
+                seq.num_computed_tokens += n
+                self.block_manager.mark_computed(seq)
                 continue
-            seq.output_ids.append(tok)
-            if tok in self.eos_ids or len(seq.output_ids) >= seq.max_new_tokens:
-                seq.status = SequenceStatus.FINISHED
+            seq.num_computed_tokens += n + len(toks) - 1
+            lps = log_probs[seq.seq_id] if log_probs is not None else None
+            for j, tok in enumerate(toks):
+                seq.output_ids.append(tok)
+                if lps is not None:
+                    seq.output_log_probs.append(lps[j])
+                if tok in self.eos_ids or len(seq.output_ids) >= seq.max_new_tokens:
+                    seq.status = SequenceStatus.FINISHED
+                    break
+            if seq.status is SequenceStatus.FINISHED:
                 self.running.remove(seq)
                 self.block_manager.free_seq(seq)
                 finished.append(seq)
+            else:
+                self.block_manager.mark_computed(seq)
         return finished

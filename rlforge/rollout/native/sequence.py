@@ -25,6 +25,7 @@ class Sequence:
     prompt_ids: list[int]
     max_new_tokens: int
     output_ids: list[int] = field(default_factory=list)
+    output_log_probs: list[float] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -1,0 +1,190 @@
+"""Rollout throughput: rlforge's native engine against transformers' ``generate``, same run, same GPU.
+
+    python benchmarks/rollout_throughput.py --models qwen2.5-0.5b qwen2.5-7b
+
+Workloads (random-weight ``preset:`` models in bf16, sampling at temperature 1, EOS ignored):
+  random   ``--prompts`` (1024) prompts of 256 random tokens, 512 new tokens each;
+  grpo     ``--groups`` (128) prompts x n=8, same lengths, with and without prefix sharing.
+
+Rows: transformers ``generate`` at each ``--hf-batch`` size (one batch each; its best size is
+the baseline), and the native engine with Triton or torch decode attention, with and without
+CUDA graphs.  Each row reports output tokens/s, the ratio to the best ``generate``, and the
+fraction of the decode roofline: the bytes one decode step must read (all weights once, plus
+every running sequence's K/V so far) summed over the run's decode steps, over the device
+bandwidth measured in the same run, divided by the measured time.  The compute floor (2 x
+parameters x tokens over the bf16 peak) is printed beside it, since a large batch can be
+compute-bound before it is bandwidth-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlforge.batch import Batch
+from rlforge.models.presets import PRESETS
+from rlforge.rollout import SamplingParams
+from rlforge.rollout.native import NativeRollout
+
+PROMPT_LEN, NEW_TOKENS = 256, 512
+PEAK_BF16 = 989e12  # H100/H200 dense bf16 (rlforge.perf.flops)
+
+
+@dataclass
+class Row:
+    model: str
+    workload: str
+    engine: str
+    setting: str
+    tokens: int
+    seconds: float
+    roofline_s: float
+    compute_s: float
+    extra: str = ""
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def build(name: str) -> torch.nn.Module:
+    cls, kw = PRESETS[name]
+    cfg = cls(**kw)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def prompts(n: int, vocab: int, seed: int, group: int = 1) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, vocab - 100, (n // group, PROMPT_LEN), generator=g).repeat_interleave(group, 0)
+    mask = torch.ones_like(ids)
+    return Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1})
+
+
+def measure_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written), mean of 10 copies."""
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def floors(model: torch.nn.Module, n: int, max_num_seqs: int, bw: float) -> tuple[float, float]:
+    """(decode memory roofline seconds, compute floor seconds) for ``n`` sequences of
+    PROMPT_LEN + NEW_TOKENS decoded ``max_num_seqs`` at a time."""
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_tok = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2
+    total = 0.0
+    left = n
+    while left > 0:
+        b = min(left, max_num_seqs)
+        ctx_sum = b * sum(PROMPT_LEN + t for t in range(NEW_TOKENS))
+        total += NEW_TOKENS * wbytes + ctx_sum * kv_tok
+        left -= b
+    flops = 2 * params * n * (PROMPT_LEN + NEW_TOKENS)
+    return total / bw, flops / PEAK_BF16
+
+
+def run_hf(model, n_batch: int, vocab: int) -> tuple[int, float]:
+    batch = prompts(n_batch, vocab, seed=1)
+    ids = batch["input_ids"].cuda()
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS,
+              min_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None)
+    model.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    torch.cuda.synchronize()
+    return (out.shape[1] - PROMPT_LEN) * out.shape[0], time.perf_counter() - t
+
+
+def run_native(model, batch: Batch, max_num_seqs: int, **kw) -> tuple[int, float, dict[str, float]]:
+    eng = NativeRollout(model, [], 0, torch.device("cuda"), progress=False, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=16384, ignore_eos=True, seed=0, **kw)
+    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = eng.generate(batch, params)
+    torch.cuda.synchronize()
+    return int(out["response_mask"].sum()), time.perf_counter() - t, eng.metrics()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"])
+    ap.add_argument("--prompts", type=int, default=1024)
+    ap.add_argument("--groups", type=int, default=128)
+    ap.add_argument("--hf-batch", type=int, nargs="*", default=[256, 512])
+    ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], help="models that also run generate")
+    ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1024])
+    ap.add_argument("--variants", default="triton-graph,torch-graph,triton-eager",
+                    help="native variants: ATTENTION-{graph,eager}")
+    ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args()
+
+    bw = measure_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}  measured copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    rows: list[Row] = []
+    for name in args.models:
+        model = build(name)
+        vocab = model.config.vocab_size
+        if name in args.hf_models:
+            for b in args.hf_batch:
+                tokens, sec = run_hf(model, b, vocab)
+                roof, comp = floors(model, b, b, bw)
+                rows.append(Row(name, f"random x{b}", "hf generate", f"batch {b}", tokens, sec, roof, comp))
+                print(rows[-1], flush=True)
+        batch = prompts(args.prompts, vocab, seed=0)
+        for mns in args.max_num_seqs:
+            for v in args.variants.split(","):
+                attn, mode = v.split("-")
+                tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager")
+                roof, comp = floors(model, args.prompts, mns, bw)
+                rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
+                                f"wake {m['rollout/wake_s']:.2f}s"))
+                print(rows[-1], flush=True)
+        if not args.skip_grpo:
+            group = prompts(args.groups * 8, vocab, seed=2, group=8)
+            for prefix in (True, False):
+                tokens, sec, m = run_native(model, group, max(args.max_num_seqs), enable_prefix_caching=prefix)
+                roof, comp = floors(model, args.groups * 8, max(args.max_num_seqs), bw)
+                rows.append(Row(name, f"grpo {args.groups}x8", "native", f"prefix {'on' if prefix else 'off'}",
+                                tokens, sec, roof, comp, f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks"))
+                print(rows[-1], flush=True)
+        del model
+        torch.cuda.empty_cache()
+
+    best_hf = {r.model: max((x.tok_s for x in rows if x.model == r.model and x.engine == "hf generate"), default=math.nan)
+               for r in rows}
+    print()
+    print("| model | workload | engine | setting | output tok/s | x best generate | decode roofline frac | "
+          "compute floor frac | time s | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.model} | {r.workload} | {r.engine} | {r.setting} | {r.tok_s:,.0f} | "
+              f"{r.tok_s / best_hf[r.model]:.1f} | {r.roofline_s / r.seconds:.2f} | {r.compute_s / r.seconds:.2f} | "
+              f"{r.seconds:.1f} | {r.extra} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

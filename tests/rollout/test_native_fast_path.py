@@ -1,0 +1,148 @@
+"""The native engine's decode fast path: batched paged attention against per-sequence SDPA,
+decode bursts against one-step decoding, sampled log-probs against the trainer's log-probs,
+``ignore_eos``, cache reuse across calls, and the unsupported tensor-parallel setting.
+
+The CUDA-only parts (Triton kernel, CUDA graphs) are in ``test_native_cuda.py``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlforge.batch import Batch
+from rlforge.errors import ConfigError
+from rlforge.models import load_causal_lm
+from rlforge.roles.forward import response_log_probs
+from rlforge.rollout import SamplingParams
+from rlforge.rollout.native import NativeRollout
+from rlforge.rollout.native.attention import decode_attention_torch, prefill_attention
+
+CPU = torch.device("cpu")
+TEXTS = ["What is 2 + 3?", "Compute the sum of seven and eleven, then subtract four from it please.", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer):
+    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_tokenizer) -> Batch:
+    ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), tiny_tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, x in enumerate(ids):
+        input_ids[i, width - len(x):] = torch.tensor(x)
+        mask[i, width - len(x):] = 1
+    return Batch.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+
+
+def _native(model, tok, **kw) -> NativeRollout:
+    return NativeRollout(model, [tok.eos_token_id], tok.pad_token_id, CPU, progress=False, **kw)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (7, 1)])
+def test_batched_decode_attention_equals_per_sequence_sdpa(heads, kv_heads):
+    """Each row's output equals causal SDPA of its last token over its own gathered context,
+    with scattered (non-contiguous, shuffled) blocks and different context lengths, GQA included."""
+    g = torch.Generator().manual_seed(0)
+    bs, d, nblocks = 4, 8, 40
+    kc = torch.randn(nblocks, bs, kv_heads, d, generator=g)
+    vc = torch.randn(nblocks, bs, kv_heads, d, generator=g)
+    ctx = [1, 5, 16, 13]
+    perm = torch.randperm(nblocks, generator=g).tolist()
+    tables, used = [], 0
+    for c in ctx:
+        n = -(-c // bs)
+        tables.append(perm[used:used + n])
+        used += n
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(ctx), heads, d, generator=g)
+    got = decode_attention_torch(q, kc, vc, bt, torch.tensor(ctx, dtype=torch.int32), d ** -0.5)
+    for i, c in enumerate(ctx):
+        # independent reference: contiguous K/V of the row, plain softmax attention per head
+        k = kc[tables[i]].reshape(-1, kv_heads, d)[:c]
+        v = vc[tables[i]].reshape(-1, kv_heads, d)[:c]
+        for h in range(heads):
+            kvh = h // (heads // kv_heads)
+            w = torch.softmax(k[:, kvh] @ q[i, h] * d ** -0.5, dim=0)
+            torch.testing.assert_close(got[i, h], w @ v[:, kvh], atol=1e-5, rtol=1e-5)
+        # and the prefill path agrees for a one-token chunk
+        pre = prefill_attention(q[i:i + 1], kc, vc, torch.tensor(tables[i]), c, d ** -0.5)
+        torch.testing.assert_close(got[i:i + 1], pre, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_row_gives_zeros():
+    kc = torch.randn(3, 4, 2, 8)
+    out = decode_attention_torch(torch.randn(2, 2, 8), kc, kc, torch.zeros(2, 1, dtype=torch.int32),
+                                 torch.tensor([0, 3], dtype=torch.int32), 0.5)
+    assert torch.equal(out[0], torch.zeros(2, 8)) and torch.isfinite(out).all()
+
+
+def test_decode_bursts_equal_single_steps(model, tiny_tokenizer, batch):
+    """Greedy and seeded sampling give the same tokens whether the host reads every step
+    (burst 1) or every 7 steps; EOS inside a burst ends the response at the same place."""
+    greedy = SamplingParams(do_sample=False, max_new_tokens=20)
+    one = _native(model, tiny_tokenizer, max_decode_burst=1).generate(batch, greedy)
+    seven = _native(model, tiny_tokenizer, max_decode_burst=7).generate(batch, greedy)
+    assert torch.equal(one["responses"], seven["responses"])
+    assert torch.equal(one["response_mask"], seven["response_mask"])
+    # an EOS that one row emits early: the burst must cut the response there
+    eos = one["responses"][0, 3].item()
+    early1 = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False,
+                           max_decode_burst=1).generate(batch, greedy)
+    early7 = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False,
+                           max_decode_burst=7).generate(batch, greedy)
+    assert torch.equal(early1["responses"], early7["responses"])
+    assert early7["response_mask"][0].sum() <= 4
+
+
+def test_rollout_log_probs_equal_trainer_log_probs(model, tiny_tokenizer, batch):
+    """``calculate_log_probs``: the engine's log-probs of its sampled tokens equal the trainer's
+    ``response_log_probs`` (a plain transformers forward) at the same temperature."""
+    params = SamplingParams(temperature=0.7, max_new_tokens=10)
+    out = _native(model, tiny_tokenizer, calculate_log_probs=True, seed=0).generate(batch, params)
+    with torch.no_grad():
+        ref, _ = response_log_probs(model, out, 0.7, with_entropy=False)
+    mask = out["response_mask"].bool()
+    assert out["rollout_log_probs"].shape == out["responses"].shape
+    torch.testing.assert_close(out["rollout_log_probs"][mask], ref[mask], atol=1e-4, rtol=1e-4)
+    assert (out["rollout_log_probs"][~mask] == 0).all()
+
+
+def test_ignore_eos_generates_full_length(model, tiny_tokenizer, batch):
+    greedy = SamplingParams(do_sample=False, max_new_tokens=9)
+    normal = _native(model, tiny_tokenizer).generate(batch, greedy)
+    eos = normal["responses"][0, 2].item()
+    cut = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False).generate(batch, greedy)
+    full = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False,
+                         ignore_eos=True).generate(batch, greedy)
+    assert cut["response_mask"][0].sum() == 3
+    assert full["response_mask"].sum() == full["responses"].numel() == 3 * 9
+    assert torch.equal(full["responses"], normal["responses"])  # same tokens, nothing cut
+
+
+def test_kept_cache_is_reused_and_freed_cache_is_not(model, tiny_tokenizer, batch):
+    greedy = SamplingParams(do_sample=False, max_new_tokens=6)
+    keep = _native(model, tiny_tokenizer, free_cache_engine=False)
+    a = keep.generate(batch, greedy)
+    cache = keep._cache
+    b = keep.generate(batch, greedy)
+    assert cache is not None and keep._cache is cache
+    assert torch.equal(a["responses"], b["responses"])
+    free = _native(model, tiny_tokenizer, free_cache_engine=True)
+    c = free.generate(batch, greedy)
+    assert free._cache is None and torch.equal(a["responses"], c["responses"])
+    m = free.metrics()
+    assert m["rollout/wake_s"] >= 0 and m["rollout/sleep_s"] >= 0 and m["rollout/gen_s"] > 0
+
+
+def test_tensor_parallel_rollout_is_a_clear_error(model, tiny_tokenizer):
+    cfg = SimpleNamespace(tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=2.*=1"):
+        NativeRollout.from_config(model, [0], 0, CPU, None, cfg)
