@@ -125,6 +125,27 @@ def run_native(model, batch: Batch, max_num_seqs: int, **kw) -> tuple[int, float
     return int(out["response_mask"].sum()), time.perf_counter() - t, eng.metrics()
 
 
+def profile(model, batch: Batch, max_num_seqs: int) -> None:
+    """Host (cProfile, top functions by cumulative time) and device (torch.profiler, top
+    kernels) views of one native generate, to see where the time goes."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    run_native(model, batch, max_num_seqs)  # warm-up
+    pr = cProfile.Profile()
+    pr.enable()
+    tokens, sec, m = run_native(model, batch, max_num_seqs)
+    pr.disable()
+    print(f"profiled native: {tokens} tokens in {sec:.2f} s ({tokens / sec:,.0f} tok/s) {m}")
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(30)
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run_native(model, batch, max_num_seqs)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"])
@@ -137,7 +158,14 @@ def main() -> None:
                     help="native variants: ATTENTION-{graph,eager}")
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
     args = ap.parse_args()
+    globals()["NEW_TOKENS"] = args.new_tokens
+    if args.profile:
+        model = build(args.models[0])
+        profile(model, prompts(args.prompts, model.config.vocab_size, seed=0), args.max_num_seqs[0])
+        return
 
     bw = measure_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}  measured copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)

@@ -155,8 +155,10 @@ class BlockManager:
         self._track_peak()
 
     def mark_computed(self, seq: Sequence) -> None:
-        """Record that ``seq``'s first ``num_computed_tokens`` K/V are written."""
-        for i in range(seq.num_computed_tokens // self.block_size):
+        """Record that ``seq``'s first ``num_computed_tokens`` K/V are written (only prompt
+        blocks can be shared, so only they are marked)."""
+        n = min(seq.num_computed_tokens, len(seq.prompt_ids)) // self.block_size
+        for i in range(n):
             self.blocks[seq.block_table[i]].computed = True
 
     def free_seq(self, seq: Sequence) -> None:

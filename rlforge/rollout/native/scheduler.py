@@ -101,9 +101,13 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
+        deferred: list[Sequence] = []  # waiting on a prompt block another sequence is prefilling now
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if bm.prefix_pending(seq) or not bm.can_allocate(seq):
+            if bm.prefix_pending(seq):
+                deferred.append(self.waiting.popleft())  # admit it next step, sharing the block
+                continue
+            if not bm.can_allocate(seq):
                 break
             self.waiting.popleft()
             bm.allocate(seq)
@@ -113,6 +117,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
+        self.waiting.extendleft(reversed(deferred))  # back at the front, in their order
         if not out.seqs and self.has_unfinished:
             raise RLForgeError(
                 "the native rollout scheduler cannot make progress: raise num_blocks or max_num_batched_tokens"
