@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1024])
     ap.add_argument("--variants", default="triton-graph,torch-graph,triton-eager",
                     help="native variants: ATTENTION-{graph,eager}")
+    ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
+    ap.add_argument("--big-max-num-seqs", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=int, default=512)
@@ -180,15 +182,16 @@ def main() -> None:
                 rows.append(Row(name, f"random x{b}", "hf generate", f"batch {b}", tokens, sec, roof, comp))
                 print(rows[-1], flush=True)
         batch = prompts(args.prompts, vocab, seed=0)
-        for mns in args.max_num_seqs:
-            for v in args.variants.split(","):
+        small = name in args.hf_models
+        for mns in args.max_num_seqs if small else args.big_max_num_seqs:
+            for v in (args.variants if small else args.big_variants).split(","):
                 attn, mode = v.split("-")
                 tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager")
                 roof, comp = floors(model, args.prompts, mns, bw)
                 rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
                                 f"wake {m['rollout/wake_s']:.2f}s"))
                 print(rows[-1], flush=True)
-        if not args.skip_grpo:
+        if not args.skip_grpo and small:
             group = prompts(args.groups * 8, vocab, seed=2, group=8)
             for prefix in (True, False):
                 tokens, sec, m = run_native(model, group, max(args.max_num_seqs), enable_prefix_caching=prefix)

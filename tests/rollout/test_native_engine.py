@@ -147,7 +147,7 @@ def test_first_token_samples_follow_softmax(model, tiny_tokenizer):
     spec_runner = ModelRunner(model, KVCache.allocate(2, 4, 8, 2, 16, torch.float32, CPU))
     n = len(ids)
     inp = step_inputs(ids, list(range(n)), list(range(n)), [0], [n], [n], [list(range(-(-n // 8)))], [n - 1], [0],
-                      CPU)
+                      CPU, 8)
     logits = spec_runner.run(inp)[0]
     torch.testing.assert_close(logits.softmax(-1), probs, atol=1e-5, rtol=1e-4)
     # the vocabulary is split into 10 bins of about equal probability (tokens sorted by

@@ -18,7 +18,12 @@ from rlforge.models import load_causal_lm
 from rlforge.roles.forward import response_log_probs
 from rlforge.rollout import SamplingParams
 from rlforge.rollout.native import NativeRollout
-from rlforge.rollout.native.attention import decode_attention_torch, prefill_attention
+from rlforge.rollout.native.attention import (
+    batched_prefill_attention,
+    build_prefill_batch,
+    decode_attention_torch,
+    prefill_attention,
+)
 
 CPU = torch.device("cpu")
 TEXTS = ["What is 2 + 3?", "Compute the sum of seven and eleven, then subtract four from it please.", "Hi"]
@@ -75,6 +80,30 @@ def test_batched_decode_attention_equals_per_sequence_sdpa(heads, kv_heads):
         # and the prefill path agrees for a one-token chunk
         pre = prefill_attention(q[i:i + 1], kc, vc, torch.tensor(tables[i]), c, d ** -0.5)
         torch.testing.assert_close(got[i:i + 1], pre, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_prefill_equals_per_sequence_prefill():
+    """Chunks of different lengths, some after cached context (prefix hits, chunked prefill),
+    attended in one padded call, equal one SDPA call per sequence."""
+    g = torch.Generator().manual_seed(1)
+    bs, heads, kvh, d = 4, 6, 2, 8
+    kc = torch.randn(30, bs, kvh, d, generator=g)
+    vc = torch.randn(30, bs, kvh, d, generator=g)
+    perm = torch.randperm(30, generator=g).tolist()
+    # (query_len, context_len): a whole prompt, a chunk after 8 cached tokens, a 2-token tail
+    shapes = [(7, 7), (5, 13), (2, 10)]
+    chunks, start, used = [], 0, 0
+    for n, ctx in shapes:
+        nb = -(-ctx // bs)
+        chunks.append((start, n, ctx, perm[used:used + nb]))
+        start, used = start + n, used + nb
+    q = torch.randn(start + 3, heads, d, generator=g)  # 3 extra rows stand for decode rows
+    rows, out = batched_prefill_attention(q, kc.view(-1, kvh, d), vc.view(-1, kvh, d),
+                                          build_prefill_batch(chunks, bs, CPU), d ** -0.5)
+    assert rows.tolist() == list(range(start))
+    for s0, n, ctx, bt in chunks:
+        want = prefill_attention(q[s0:s0 + n], kc, vc, torch.tensor(bt), ctx, d ** -0.5)
+        torch.testing.assert_close(out[s0:s0 + n], want, atol=1e-5, rtol=1e-5)
 
 
 def test_padding_row_gives_zeros():

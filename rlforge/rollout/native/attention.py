@@ -7,8 +7,10 @@ Two kinds of rows reach attention in one engine step:
   (:mod:`rlforge.rollout.native.triton_attention`) on CUDA, or :func:`decode_attention_torch`
   (gather the blocks, masked softmax in float32), the CPU fallback that the tests exercise.
   ``benchmarks/rollout_throughput.py --attention`` times both on the GPU.
-* **prefill rows** (a chunk of a prompt, maybe after cached prefix blocks) go through
-  :func:`prefill_attention`, one ``scaled_dot_product_attention`` per sequence.
+* **prefill rows** (a chunk of a prompt, maybe after cached prefix blocks) of all sequences
+  go through one padded ``scaled_dot_product_attention`` call (:func:`batched_prefill_attention`):
+  queries ``[Bp, n_max]`` and each sequence's cached K/V ``[Bp, ctx_max]`` gathered by slot,
+  with a causal-and-padding mask.  :func:`prefill_attention` (one sequence) is its reference.
 
 Shapes: ``q: [B, H, D]``; one layer's cache ``k_cache, v_cache: [num_blocks, block_size,
 KVH, D]``; ``block_tables: [B, max_blocks]`` int32 (entries past a row's context are
@@ -18,6 +20,9 @@ head ``h`` reads KV head ``h // (H // KVH)``, as transformers' ``repeat_kv`` doe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -104,3 +109,63 @@ def prefill_attention(
         mask = torch.arange(context_len, device=q.device)[None, :] <= qpos[:, None]  # [n, ctx]
         o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
     return o.transpose(0, 1)
+
+
+@dataclass
+class PrefillBatch:
+    """Padded gather indices of one step's prefill chunks (``Bp`` sequences).
+
+    ``q_rows: [Bp, n_max]`` flat query rows (0 where padded), ``q_valid: [Bp, n_max]``;
+    ``kv_slots: [Bp, ctx_max]`` flat cache slots of each sequence's context (0 where padded);
+    ``mask: [Bp, 1, n_max, ctx_max]``: key ``j`` is visible to query ``i`` when ``j`` is inside
+    the context and not after the query's position.
+    """
+
+    q_rows: torch.Tensor
+    q_valid: torch.Tensor
+    kv_slots: torch.Tensor
+    mask: torch.Tensor
+
+
+def build_prefill_batch(
+    chunks: list[tuple[int, int, int, list[int]]], block_size: int, device: torch.device
+) -> PrefillBatch:
+    """``chunks``: ``(query_start, query_len, context_len, block_table)`` per sequence, where
+    the chunk's tokens are the last ``query_len`` of the ``context_len`` cached ones."""
+    bp = len(chunks)
+    n_max = max(c[1] for c in chunks)
+    ctx_max = max(c[2] for c in chunks)
+    q_rows = np.zeros((bp, n_max), dtype=np.int64)
+    q_pos = np.full((bp, n_max), -1, dtype=np.int64)
+    slots = np.zeros((bp, ctx_max), dtype=np.int64)
+    ctx_len = np.zeros((bp, 1), dtype=np.int64)
+    for i, (start, n, ctx, bt) in enumerate(chunks):
+        q_rows[i, :n] = np.arange(start, start + n)
+        q_pos[i, :n] = np.arange(ctx - n, ctx)
+        pos = np.arange(ctx)
+        slots[i, :ctx] = np.asarray(bt, dtype=np.int64)[pos // block_size] * block_size + pos % block_size
+        ctx_len[i] = ctx
+    kv_pos = np.arange(ctx_max)[None, None, :]
+    mask = (kv_pos <= q_pos[:, :, None]) & (kv_pos < ctx_len[:, :, None])
+    t = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+    return PrefillBatch(t(q_rows), t(q_pos >= 0), t(slots), t(mask[:, None]))
+
+
+def batched_prefill_attention(
+    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, pb: PrefillBatch, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill attention of every chunk in ``pb`` at once.  ``q: [T, H, D]`` (all rows of the
+    step), ``k_flat, v_flat: [num_slots, KVH, D]`` (one layer's cache).  Returns the flat rows
+    ``[N]`` and their outputs ``[N, H, D]`` (padding removed)."""
+    _, h, d = q.shape
+    kvh = k_flat.shape[1]
+    bp, ctx_max = pb.kv_slots.shape
+    qb = q[pb.q_rows].transpose(1, 2)  # [Bp, H, n_max, D]
+    k = k_flat[pb.kv_slots]  # [Bp, ctx_max, KVH, D]
+    v = v_flat[pb.kv_slots]
+    if kvh != h:  # GQA: each KV head serves H / KVH query heads
+        k = k[:, :, :, None, :].expand(bp, ctx_max, kvh, h // kvh, d).reshape(bp, ctx_max, h, d)
+        v = v[:, :, :, None, :].expand(bp, ctx_max, kvh, h // kvh, d).reshape(bp, ctx_max, h, d)
+    o = F.scaled_dot_product_attention(qb, k.transpose(1, 2), v.transpose(1, 2), attn_mask=pb.mask, scale=scale)
+    o = o.transpose(1, 2)  # [Bp, n_max, H, D]
+    return pb.q_rows[pb.q_valid], o[pb.q_valid]

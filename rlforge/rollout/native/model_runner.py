@@ -10,21 +10,27 @@ scaled, rotate-half RoPE from the module's own ``rotary_emb.inv_freq`` and
 GQA by repeating each KV head over its group of query heads.
 
 Attention reads the paged cache (:mod:`rlforge.rollout.native.attention`): decode rows in one
-batched paged-attention call (a Triton kernel on CUDA), prefill chunks one sequence at a time
-with ``scaled_dot_product_attention``.  Sliding-window attention is not supported.
+batched paged-attention call (a Triton kernel on CUDA), prefill chunks of all sequences in one
+padded ``scaled_dot_product_attention`` call.  Sliding-window attention is not supported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlforge.rollout.native.attention import decode_attention, prefill_attention, resolve_backend
+from rlforge.rollout.native.attention import (
+    PrefillBatch,
+    batched_prefill_attention,
+    build_prefill_batch,
+    decode_attention,
+    resolve_backend,
+)
 from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
@@ -58,8 +64,8 @@ class StepInputs:
 
     Rows of sequences feeding one token (decode) are attended in one batched call:
     ``decode_rows: [Bd]``, ``decode_block_tables: [Bd, max_blocks]`` int32,
-    ``decode_context_lens: [Bd]`` int32.  The others (prefill chunks) one sequence at a time:
-    ``prefill`` holds ``(query_start, query_len, context_len, block_table)`` per sequence."""
+    ``decode_context_lens: [Bd]`` int32.  The others (prefill chunks) in one padded call:
+    ``prefill`` (see :class:`~rlforge.rollout.native.attention.PrefillBatch`)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -73,7 +79,7 @@ class StepInputs:
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
-    prefill: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
+    prefill: PrefillBatch | None = None
 
 
 @dataclass
@@ -114,12 +120,12 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) 
         if start + n == seq.num_tokens:
             rows.append(len(ids) - 1)
             sids.append(seq.seq_id)
-    return step_inputs(ids, pos, slots, qs, ql, cl, bts, rows, sids, device)
+    return step_inputs(ids, pos, slots, qs, ql, cl, bts, rows, sids, device, block_size)
 
 
 def step_inputs(
     ids: list[int], pos: list[int], slots: list[int], qs: list[int], ql: list[int], cl: list[int],
-    bts: list[list[int]], rows: list[int], sids: list[int], device: torch.device,
+    bts: list[list[int]], rows: list[int], sids: list[int], device: torch.device, block_size: int,
 ) -> StepInputs:
     """:class:`StepInputs` from host lists (see its fields), with the decode/prefill split."""
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
@@ -129,7 +135,9 @@ def step_inputs(
         inp.decode_rows = t([qs[i] for i in dec])
         inp.decode_block_tables = block_table_tensor([bts[i] for i in dec], device)
         inp.decode_context_lens = torch.tensor([cl[i] for i in dec], dtype=torch.int32, device=device)
-    inp.prefill = [(qs[i], ql[i], cl[i], t(bts[i])) for i in range(len(ql)) if ql[i] != 1]
+    chunks = [(qs[i], ql[i], cl[i], bts[i]) for i in range(len(ql)) if ql[i] != 1]
+    if chunks:
+        inp.prefill = build_prefill_batch(chunks, block_size, device)
     return inp
 
 
@@ -176,15 +184,16 @@ class ModelRunner:
         return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale)
 
     def _mixed_attn(self, q: torch.Tensor, layer: int, inp: StepInputs) -> torch.Tensor:
-        """``q: [T, H, D]`` -> ``[T, H, D]``: decode rows batched, prefill chunks one sequence at a time."""
-        kc, vc = self.cache.data[layer, 0], self.cache.data[layer, 1]
-        q = q.to(kc.dtype)
+        """``q: [T, H, D]`` -> ``[T, H, D]``: decode rows in one paged call, prefill chunks in another."""
+        q = q.to(self.cache.data.dtype)
         out = torch.empty_like(q)
         if inp.decode_rows is not None:
             out[inp.decode_rows] = self._decode_attn(q[inp.decode_rows], layer, inp.decode_block_tables,
                                                      inp.decode_context_lens)
-        for start, n, ctx, bt in inp.prefill:
-            out[start:start + n] = prefill_attention(q[start:start + n], kc, vc, bt, ctx, self.scale)
+        if inp.prefill is not None:
+            rows, o = batched_prefill_attention(q, self.cache.flat(layer, 0), self.cache.flat(layer, 1), inp.prefill,
+                                                self.scale)
+            out[rows] = o
         return out
 
     def _body(
