@@ -6,7 +6,7 @@ every layer with its KV write and paged attention, final norm, LM head) with one
 All graphs share one memory pool and read fixed input buffers; a batch of ``B`` rows runs in
 the smallest captured size ``>= B``, the extra rows padded with context length 0 and a KV
 slot in a spare block that no sequence owns (``trash_slot``), so padding never touches real
-cache entries.  The logits land in one shared ``[max_size, V]`` float32 buffer.
+cache entries.  The logits land in one shared ``[max_size, V]`` buffer in the compute dtype.
 
 The graphs record the addresses of the module's weights and of the KV cache: weights
 updated in place (the optimizer's step, ``engine.sync_to``) are seen at the next replay;
@@ -57,16 +57,16 @@ class DecodeGraphs:
             torch.full((n,), trash_slot, dtype=torch.long, device=dev),
             torch.zeros((n, max_blocks), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
         )
-        vocab = runner.module.lm_head.weight.shape[0]
-        self.logits = torch.empty((n, vocab), dtype=torch.float32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.key = (runner.cache.data.data_ptr(), weights_key(runner.module), max_blocks, tuple(sizes))
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up: Triton compile, cuBLAS workspaces
+        with torch.cuda.stream(side):  # warm-up: Triton compile, cuBLAS workspaces; learns the logits dtype
             for _ in range(2):
-                self.logits[:n].copy_(runner.decode(self.view(n)))
+                out = runner.decode(self.view(n))
         torch.cuda.current_stream(dev).wait_stream(side)
+        self.logits = torch.empty_like(out)
+        del out
         pool = None
         for size in reversed(sizes):  # largest first: the smaller ones reuse its pool memory
             g = torch.cuda.CUDAGraph()

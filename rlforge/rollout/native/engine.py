@@ -251,10 +251,11 @@ class NativeRollout(Rollout):
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
         if not inp.sample_rows:
             return {}, {}
-        tok, lp, finite = sample_with_log_probs(logits, params, self.generator)
+        tok, lp, finite = sample_with_log_probs(logits, params, self.generator, self.calculate_log_probs)
         if not bool(finite):
             raise RLForgeError(NON_FINITE)
-        toks, lps = tok.tolist(), lp.tolist()
+        toks = tok.tolist()
+        lps = lp.tolist() if lp is not None else [0.0] * len(toks)
         return ({sid: [t] for sid, t in zip(inp.sample_seq_ids, toks, strict=True)},
                 {sid: [x] for sid, x in zip(inp.sample_seq_ids, lps, strict=True)})
 
@@ -265,7 +266,7 @@ class NativeRollout(Rollout):
         seqs, b, bs = out.seqs, len(out.seqs), self.block_size
         pos0 = np.array([s.num_tokens - 1 for s in seqs], dtype=np.int64)
         host = DecodeInputs(
-            torch.tensor([s.token_ids[-1] for s in seqs], dtype=torch.long),
+            torch.tensor([s.last_token for s in seqs], dtype=torch.long),
             torch.from_numpy(pos0),
             torch.zeros(b, dtype=torch.long),
             block_table_tensor([s.block_table for s in seqs], torch.device("cpu")),
@@ -286,7 +287,7 @@ class NativeRollout(Rollout):
                 host.input_ids, host.positions, host.slot_mapping, host.block_tables, host.context_lens)))
             forward = lambda: runner.decode(d)  # noqa: E731
         toks = torch.empty((b, k), dtype=torch.long, device=self.device)
-        lps = torch.empty((b, k), dtype=torch.float32, device=self.device)
+        lps = torch.zeros((b, k), dtype=torch.float32, device=self.device)
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for j in range(k):
             if j > 0:
@@ -295,8 +296,10 @@ class NativeRollout(Rollout):
                 d.context_lens.add_(1)
             page = d.block_tables.gather(1, (d.positions // bs)[:, None]).squeeze(1).long()
             d.slot_mapping.copy_(page * bs + d.positions % bs)
-            tok, lp, ok = sample_with_log_probs(forward(), params, self.generator)
-            toks[:, j], lps[:, j] = tok, lp
+            tok, lp, ok = sample_with_log_probs(forward(), params, self.generator, self.calculate_log_probs)
+            toks[:, j] = tok
+            if lp is not None:
+                lps[:, j] = lp
             finite &= ok
         if not bool(finite):
             raise RLForgeError(NON_FINITE)

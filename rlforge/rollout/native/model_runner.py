@@ -228,18 +228,19 @@ class ModelRunner:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         m = self.module.model
-        return _linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), self.module.lm_head).float()
+        return _linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), self.module.lm_head)
 
     @torch.no_grad()
     def run(self, inp: StepInputs) -> torch.Tensor:
-        """A mixed step; returns ``logits: [len(inp.sample_rows), V]`` float32."""
+        """A mixed step; returns ``logits: [len(inp.sample_rows), V]`` in the compute dtype."""
         h = self._body(inp.input_ids, inp.positions, inp.slot_mapping, lambda q, i: self._mixed_attn(q, i, inp))
         rows = torch.tensor(inp.sample_rows, dtype=torch.long, device=h.device)
         return self._logits(h[rows])
 
     @torch.no_grad()
     def decode(self, d: DecodeInputs) -> torch.Tensor:
-        """A pure decode step; returns ``logits: [B, V]`` float32.  Fixed shapes, no host sync:
+        """A pure decode step; returns ``logits: [B, V]`` in the compute dtype (the sampler
+        reads them once in float32, so no float32 copy of the whole vocabulary is stored).  Fixed shapes, no host sync:
         it can be captured in a CUDA graph."""
         h = self._body(d.input_ids, d.positions, d.slot_mapping,
                        lambda q, i: self._decode_attn(q, i, d.block_tables, d.context_lens))

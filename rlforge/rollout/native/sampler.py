@@ -4,8 +4,9 @@ Order as in transformers' ``generate``: temperature, then top-k, then top-p (kee
 smallest set of tokens whose probability reaches ``top_p``, always at least one).
 
 A categorical draw is taken with the exponential race: ``argmax(p_i / E_i)`` with
-``E_i ~ Exp(1)`` i.i.d. picks ``i`` with probability ``p_i`` exactly, and unlike
-``torch.multinomial`` it needs no host synchronisation.
+``E_i ~ Exp(1)`` i.i.d. picks ``i`` with probability ``p_i`` exactly (computed in log space as
+``argmax(logit_i - log E_i)``), and unlike ``torch.multinomial`` it needs no host
+synchronisation.
 
 Log-probs (``rollout.calculate_log_probs``) are those of the sampled token under
 ``softmax(logits / temperature)`` before top-k/top-p, in nats: the distribution the trainer's
@@ -26,18 +27,21 @@ NON_FINITE = (
 
 
 def sample_with_log_probs(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``logits: [B, V]`` -> ``(token ids [B] int64, log-probs [B] float32, finite [])``.
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+    with_log_probs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``logits: [B, V]`` (any float dtype) -> ``(token ids [B] int64, log-probs [B] float32
+    or None, finite [])``.
 
-    ``finite`` is a 0-dim bool tensor on the device, False when any row's logits were not
-    finite; it is returned, not checked, so the caller decides when to synchronise.
+    The draw is ``argmax(y - log E)`` with ``E ~ Exp(1)``: the Gumbel-max form of the
+    exponential race, so no softmax is materialised.  ``finite`` is a 0-dim bool tensor on
+    the device, False when a row's chosen logit is not finite (a NaN or +inf anywhere in a
+    row wins the argmax, so it is caught there); it is returned, not checked, so the caller
+    decides when to synchronise.  ``with_log_probs=False`` skips the log-sum-exp pass.
     """
     x = logits.float()
     if not params.greedy and params.temperature != 1.0:
         x = x / params.temperature
-    lse = torch.logsumexp(x, dim=-1)
-    finite = torch.isfinite(lse).all()
     if params.greedy:
         tok = x.argmax(dim=-1)
     else:
@@ -51,10 +55,11 @@ def sample_with_log_probs(
             remove = cum <= 1 - params.top_p
             remove[..., -1] = False
             y = y.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
-        probs = y.softmax(-1) if y is not x else (x - lse[:, None]).exp()
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        tok = (probs / race).argmax(dim=-1)
-    logp = x.gather(-1, tok[:, None]).squeeze(-1) - lse
+        gumbel = torch.empty_like(y).exponential_(generator=generator).log_()
+        tok = (y - gumbel).argmax(dim=-1)
+    picked = x.gather(-1, tok[:, None]).squeeze(-1)
+    finite = torch.isfinite(picked).all()
+    logp = picked - torch.logsumexp(x, dim=-1) if with_log_probs else None
     return tok, logp, finite
 
 
