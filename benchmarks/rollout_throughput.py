@@ -135,15 +135,64 @@ def profile(model, batch: Batch, max_num_seqs: int) -> None:
     from torch.profiler import profile as tprofile
 
     run_native(model, batch, max_num_seqs)  # warm-up
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_native(model, batch, max_num_seqs)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
     pr = cProfile.Profile()
     pr.enable()
     tokens, sec, m = run_native(model, batch, max_num_seqs)
     pr.disable()
     print(f"profiled native: {tokens} tokens in {sec:.2f} s ({tokens / sec:,.0f} tok/s) {m}")
-    pstats.Stats(pr).sort_stats("cumulative").print_stats(30)
-    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_native(model, batch, max_num_seqs)
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+
+
+def cuda_time(fn, iters: int = 20) -> float:
+    """Mean seconds of ``fn()`` on the GPU (CUDA events, after 3 warm-ups)."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def _attention_rows(name: str, h: int, kvh: int, d: int, bw: float, triton_fn, torch_fn) -> None:
+    b, ctx, bs = 1024, 512, 16
+    nb = b * ctx // bs
+    kc = torch.randn(nb, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(b, ctx // bs)
+    cl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+    q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * kc.numel() * 2
+    rows = [("decode attention torch", lambda: torch_fn(q, kc, vc, bt, cl, d ** -0.5))]
+    rows += [(f"decode attention triton pages_per_tile={p}",
+              lambda p=p: triton_fn(q, kc, vc, bt, cl, d ** -0.5, pages_per_tile=p)) for p in (1, 2, 4, 8)]
+    for label, fn in rows:
+        t = cuda_time(fn, 10)
+        print(f"| {label} | {name} B={b} ctx={ctx} | {t * 1e3:.3f} | {nbytes / t / 1e9:,.0f} | {nbytes / t / bw:.2f} |")
+
+
+def kernel_bench(bw: float) -> None:
+    """Decode attention (Triton vs torch gather) at Qwen2.5-0.5B / 7B shapes, 1024 rows of
+    512-token context, as achieved bandwidth; and sampling one token from [1024, 151936] logits."""
+    from rlforge.rollout.native.attention import decode_attention_torch
+    from rlforge.rollout.native.sampler import sample_with_log_probs
+    from rlforge.rollout.native.triton_attention import paged_decode_attention
+
+    print("| kernel | shape | ms | GB/s | frac of copy bw |")
+    print("|---|---|---|---|---|")
+    for name, h, kvh, d in (("0.5b", 14, 2, 64), ("7b", 28, 4, 128)):
+        _attention_rows(name, h, kvh, d, bw, paged_decode_attention, decode_attention_torch)
+    logits = torch.randn(1024, 151936, device="cuda", dtype=torch.bfloat16)
+    params = SamplingParams(temperature=1.0, max_new_tokens=1)
+    for lp in (False, True):
+        t = cuda_time(lambda lp=lp: sample_with_log_probs(logits, params, None, lp))
+        print(f"| sample (log-probs {lp}) | [1024, 151936] bf16 | {t * 1e3:.3f} | {logits.numel() * 2 / t / 1e9:,.0f} | "
+              f"{logits.numel() * 2 / t / bw:.2f} |")
 
 
 def main() -> None:
@@ -162,8 +211,12 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
+    ap.add_argument("--kernels", action="store_true", help="time the decode attention and sampling kernels and exit")
     args = ap.parse_args()
     globals()["NEW_TOKENS"] = args.new_tokens
+    if args.kernels:
+        kernel_bench(measure_bandwidth())
+        return
     if args.profile:
         model = build(args.models[0])
         profile(model, prompts(args.prompts, model.config.vocab_size, seed=0), args.max_num_seqs[0])
