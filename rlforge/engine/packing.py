@@ -28,6 +28,7 @@ import torch
 from rlforge.algorithms import entropy_from_logits
 from rlforge.batch import Batch
 from rlforge.roles.forward import log_probs_from_logits
+from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_rows
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,12 @@ def _response_gather(packed: PackedInputs, mb: Batch) -> tuple[torch.Tensor, tor
 
 
 def packed_response_log_probs(
-    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool, chunk_size: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As :func:`rlforge.roles.forward.response_log_probs`, padding-free.
+
+    ``chunk_size > 0``: the model runs without its head and only the packed positions that
+    predict real response tokens go through the chunked head (:mod:`rlforge.roles.fused_head`).
 
     Returns:
         log-probs ``(B, R)`` float32 nats under ``softmax(logits / temperature)`` and, with
@@ -98,6 +102,12 @@ def packed_response_log_probs(
         response token is padding.
     """
     packed = pack(mb)
+    if chunk_size > 0:
+        hidden = last_hidden_states(module, packed.input_ids, None, packed.position_ids)[0]  # (N, hidden)
+        index, keep = _response_gather(packed, mb)
+        logp, ent = head_log_probs(module, hidden[index[keep]], mb["responses"][keep], temperature, with_entropy,
+                                   chunk_size)
+        return scatter_rows(keep, logp), (scatter_rows(keep, ent) if ent is not None else None)
     logits = _packed_forward(module, packed)[0].float()  # (N, V)
     if temperature and temperature > 0 and temperature != 1.0:
         logits = logits / temperature

@@ -39,7 +39,8 @@ class PolicyWithLogZ(nn.Module):
 
     Calling the module runs the LM alone (same signature and outputs as the LM), so
     forward-only passes (``old_log_prob``) need nothing special.  :meth:`forward_with_log_z`
-    also returns log Z from the mean last-layer hidden state over the prompt tokens.
+    also returns log Z from the mean last-layer hidden state over the prompt tokens;
+    :meth:`hidden_with_log_z` returns that hidden state instead of the logits.
     """
 
     def __init__(self, lm: nn.Module, width: int) -> None:
@@ -59,10 +60,28 @@ class PolicyWithLogZ(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             use_cache=False, output_hidden_states=True,
         )
-        hidden = out.hidden_states[-1][:, :prompt_len].float()
+        return out.logits, self._log_z(out.hidden_states[-1], attention_mask, prompt_len)
+
+    def hidden_with_log_z(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`forward_with_log_z` without the LM head: the last (final-norm) hidden
+        states ``(batch, seq, hidden_size)`` instead of the logits (``logits_to_keep`` selects
+        no position), for the chunked head of :mod:`rlforge.roles.fused_head`."""
+        out = self.lm(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=False, output_hidden_states=True,
+            logits_to_keep=torch.empty(0, dtype=torch.long, device=input_ids.device),
+        )
+        hidden = out.hidden_states[-1]
+        return hidden, self._log_z(hidden, attention_mask, prompt_len)
+
+    def _log_z(self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """log Z ``(batch,)`` from the mean last hidden state over the (valid) prompt tokens."""
+        prompt = hidden[:, :prompt_len].float()
         mask = attention_mask[:, :prompt_len].unsqueeze(-1).float()
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return out.logits, self.log_z_head(pooled)
+        pooled = (prompt * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.log_z_head(pooled)
 
     def lm_and_head_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """The LM's and the head's trainable parameters (for separate learning rates)."""

@@ -13,6 +13,7 @@ micro-batch losses equal the mini-batch loss for any split.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -33,16 +34,21 @@ class LogProbModel:
         micro_batch_size: rows per forward.
         max_token_len: token budget per forward (dynamic batching), or None for fixed rows.
         remove_padding: padding-free forward over packed sequences (``model.use_remove_padding``).
+        head_chunk_size: positions per chunk of the chunked LM-head log-probs
+            (:mod:`rlforge.roles.fused_head`; ``model.fused_kernel_options.chunk_size`` when
+            ``use_fused_kernels``); 0 = the model's full logits.
     """
 
     def __init__(
         self, engine: TrainEngine, micro_batch_size: int, max_token_len: int | None = None,
-        remove_padding: bool = False,
+        remove_padding: bool = False, head_chunk_size: int = 0,
     ) -> None:
         self.engine = engine
         self.micro_batch_size = micro_batch_size
         self.max_token_len = max_token_len
-        self.log_probs_fn = packed_response_log_probs if remove_padding else response_log_probs
+        self.head_chunk_size = int(head_chunk_size)
+        fn = packed_response_log_probs if remove_padding else response_log_probs
+        self.log_probs_fn = functools.partial(fn, chunk_size=self.head_chunk_size)
 
     def compute_log_prob(self, batch: Batch, temperature: float, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``{"log_probs": (batch, response_len)}`` and, if asked, ``"entropys"``, float32 on CPU."""
@@ -68,14 +74,15 @@ class Actor(LogProbModel):
         max_token_len, log_prob_max_token_len: token budgets (dynamic batching) for the update
             and for :meth:`compute_log_prob`; None = fixed micro-batch sizes.
         remove_padding: padding-free forwards (``model.use_remove_padding``).
+        head_chunk_size: see :class:`LogProbModel` (also used by the FlowRL forward).
     """
 
     def __init__(
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
         log_prob_micro_batch_size: int, with_log_z: bool = False, max_token_len: int | None = None,
-        log_prob_max_token_len: int | None = None, remove_padding: bool = False,
+        log_prob_max_token_len: int | None = None, remove_padding: bool = False, head_chunk_size: int = 0,
     ) -> None:
-        super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding)
+        super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding, head_chunk_size)
         self.with_log_z = with_log_z
         self.train_max_token_len = max_token_len
         self.cfg = cfg
@@ -90,7 +97,8 @@ class Actor(LogProbModel):
             need_entropy = cfg.entropy_coeff != 0
             log_z = None
             if self.with_log_z:
-                logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy)
+                logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy,
+                                                                 self.head_chunk_size)
             else:
                 logp, ent = self.log_probs_fn(module, mb, temperature, need_entropy)
             mask = mb["response_mask"].float()

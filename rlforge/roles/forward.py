@@ -4,6 +4,11 @@ All take a micro-batch with ``input_ids``, ``attention_mask``, ``position_ids``
 ``(batch, prompt_len + response_len)`` and ``responses`` ``(batch, response_len)``; the
 logits at position ``t`` predict token ``t + 1``, so the response is scored by positions
 ``prompt_len - 1 ... prompt_len + response_len - 2``.
+
+The log-prob functions take ``chunk_size``: 0 runs the model's head over every position
+(the plain path); ``> 0`` runs the model without its head and computes the response
+positions' log-probs ``chunk_size`` at a time (:mod:`rlforge.roles.fused_head`; responses'
+padding positions then hold 0, as in the padding-free forward).
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from __future__ import annotations
 import torch
 
 from rlforge.algorithms import entropy_from_logits
+from rlforge.algorithms.vocab_parallel import is_vocab_parallel, vocab_parallel_log_probs
 from rlforge.batch import Batch
 from rlforge.models.log_z import PolicyWithLogZ
+from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_rows
 
 
 def _response_slice(mb: Batch) -> slice:
@@ -28,8 +35,11 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
         logits: ``(batch, len, vocab)``.
         labels: ``(batch, len)`` token ids.
     Returns:
-        ``(batch, len)`` float32.
+        ``(batch, len)`` float32.  Vocabulary-parallel logits (``strategy=megatron``) are
+        handled without gathering the vocabulary (:mod:`rlforge.algorithms.vocab_parallel`).
     """
+    if is_vocab_parallel(logits):
+        return vocab_parallel_log_probs(logits, labels)
     logits = logits.float()
     return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -45,15 +55,33 @@ def _response_log_probs_from_logits(
     return logp, ent
 
 
+def _response_log_probs_from_hidden(
+    module: torch.nn.Module, hidden: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunked head on the response positions of ``hidden (batch, seq, hidden_size)``;
+    0 where the response token is padding."""
+    am = mb["attention_mask"].bool()
+    resp_len = mb["responses"].shape[1]
+    cols = _response_slice(mb)
+    keep = am[:, cols] & am[:, -resp_len:]
+    logp, ent = head_log_probs(module, hidden[:, cols][keep], mb["responses"][keep], temperature, with_entropy,
+                               chunk_size)
+    return scatter_rows(keep, logp), (scatter_rows(keep, ent) if ent is not None else None)
+
+
 def response_log_probs(
-    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool, chunk_size: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``(batch, response_len)`` float32 nats of the response tokens under
     ``softmax(logits / temperature)``, and optionally the entropy of that distribution.
 
     Dividing by the rollout temperature makes these the log-probs of the distribution
-    the rollout sampled from (verl does the same).
+    the rollout sampled from (verl does the same).  ``chunk_size``: see the module docstring.
     """
+    if chunk_size > 0:
+        hidden = last_hidden_states(module, mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        return _response_log_probs_from_hidden(module, hidden, mb, temperature, with_entropy, chunk_size)
     out = module(
         input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
         use_cache=False,
@@ -62,9 +90,15 @@ def response_log_probs(
 
 
 def response_log_probs_with_log_z(
-    module: PolicyWithLogZ, mb: Batch, temperature: float, with_entropy: bool
+    module: PolicyWithLogZ, mb: Batch, temperature: float, with_entropy: bool, chunk_size: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """As :func:`response_log_probs`, plus FlowRL's log Z(x) ``(batch,)`` from the head."""
+    if chunk_size > 0:
+        hidden, log_z = module.hidden_with_log_z(
+            mb["input_ids"], mb["attention_mask"], mb["position_ids"], prompt_len=mb["prompts"].shape[1]
+        )
+        logp, ent = _response_log_probs_from_hidden(module, hidden, mb, temperature, with_entropy, chunk_size)
+        return logp, ent, log_z
     logits, log_z = module.forward_with_log_z(
         mb["input_ids"], mb["attention_mask"], mb["position_ids"], prompt_len=mb["prompts"].shape[1]
     )
