@@ -1,0 +1,156 @@
+"""Micro-batch inputs of the ``megatron`` engine, and the model its role functions see.
+
+* :func:`model_inputs`: a micro-batch's ``input_ids``, ``attention_mask`` and ``position_ids`` on
+  the device, padded to a common shape: rows by repeating the micro-batch's first row (real
+  tokens keep every activation finite; the rows are cut off before the loss), columns on the
+  right with masked padding (a multiple of ``tp`` under sequence parallelism).
+* :func:`pipeline_micro_batches`: micro-batches of (nearly) equal row counts for the pipeline
+  schedules, at least one per pipeline rank (the loss does not depend on the split, see
+  :class:`~rlforge.engine.base.LossScale`).
+* :func:`align_widths`: the rows of several ranks on common prompt and response widths (each
+  rank pads to its own longest response), so they can run together.
+* :class:`PrecomputedModel`: stands in for the model inside a role's forward or loss function.
+  Its call returns the output the stages already computed for that micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rlforge.batch import Batch
+from rlforge.engine.megatron.pipeline import MicroInputs
+
+
+@dataclass
+class ModelOutput:
+    """The ``.logits`` a role's function reads: ``(rows, seq, V)`` (a vocabulary-sharded DTensor
+    under tensor parallelism) or ``(rows, seq, 1)`` values."""
+
+    logits: torch.Tensor
+
+
+class PrecomputedModel:
+    """The model as seen by a role's forward/loss function under ``strategy=megatron``.
+
+    Calling it with the micro-batch's ``input_ids`` (any keywords a HF causal LM takes) returns
+    :class:`ModelOutput` with the logits the pipeline computed for that micro-batch.
+
+    Raises:
+        RuntimeError: called with other inputs (e.g. a packed, padding-free row).
+        AttributeError: asked for anything else of the model (FlowRL's ``forward_with_log_z``,
+            the head for fused log-probs), with a message saying so.
+    """
+
+    def __init__(self, logits: torch.Tensor, shape: tuple[int, int], config: Any) -> None:
+        self._logits = logits
+        self._shape = shape
+        self.config = config
+
+    def __call__(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> ModelOutput:
+        if input_ids is None or tuple(input_ids.shape) != self._shape or kwargs.get("attention_mask", 0) is None:
+            got = None if input_ids is None else tuple(input_ids.shape)
+            raise RuntimeError(
+                f"strategy=megatron runs the model itself and hands the loss the outputs of the padded micro-batch "
+                f"{self._shape}; this forward asked for {got} (padding-free packing, "
+                "actor_rollout_ref.model.use_remove_padding, is not used with strategy=megatron)"
+            )
+        return ModelOutput(self._logits)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"strategy=megatron: the loss asked the model for {name!r}; only the logits of the "
+                           "micro-batch are available (FlowRL's log Z head and fused heads need strategy=fsdp2)")
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t[:1].expand(rows - t.shape[0], *t.shape[1:])], 0)
+
+
+def model_inputs(micros: list[Batch], device: torch.device, seq_multiple: int, pad_rows: bool) -> list[MicroInputs]:
+    """Device inputs of ``micros``: columns right-padded to a multiple of ``seq_multiple`` and,
+    with ``pad_rows``, rows padded to the largest micro-batch."""
+    rows = max(len(mb) for mb in micros) if pad_rows else 0
+    out = []
+    for mb in micros:
+        ids, am, pos = (mb[k].to(device) for k in ("input_ids", "attention_mask", "position_ids"))
+        extra = -ids.shape[1] % seq_multiple
+        if extra:
+            step = torch.arange(1, extra + 1, device=device).expand(ids.shape[0], -1)
+            ids = torch.cat([ids, ids.new_zeros(ids.shape[0], extra)], 1)
+            am = torch.cat([am, am.new_zeros(am.shape[0], extra)], 1)
+            pos = torch.cat([pos, pos[:, -1:] + step], 1)
+        if pad_rows:
+            ids, am, pos = (_pad_rows(t, rows) for t in (ids, am, pos))
+        out.append(MicroInputs(ids.contiguous(), am.contiguous(), pos.contiguous()))
+    return out
+
+
+def pipeline_micro_batches(batch: Batch, micro_batch_size: int, max_token_len: int | None, pp: int) -> list[Batch]:
+    """Micro-batches for a pipeline schedule, whose micro-batches share one shape.
+
+    The count is the usual one (``ceil(rows / micro_batch_size)``, or the number of token-budget
+    micro-batches under dynamic batching, :func:`~rlforge.engine.dynamic_batch.token_budget_partition`),
+    raised to at least ``pp`` (at most one per row).  The rows are then dealt, longest first, in
+    snake order (1, 2, ..., m, m, ..., 1, ...), so the counts differ by at most one row (little row
+    padding) and the valid tokens are balanced.  With the padded forward the compute is ``rows x
+    seq`` whatever the split; the budget thus sets how many micro-batches there are.
+    """
+    lens = [int(x) for x in batch["attention_mask"].sum(-1).tolist()]
+    if max_token_len is None:
+        m = math.ceil(len(lens) / micro_batch_size)
+    else:
+        from rlforge.engine.dynamic_batch import token_budget_partition
+
+        m = len(token_budget_partition(lens, max_token_len))
+    m = min(max(m, pp), len(lens))
+    parts: list[list[int]] = [[] for _ in range(m)]
+    for k, i in enumerate(sorted(range(len(lens)), key=lambda i: (-lens[i], i))):
+        lap, pos = divmod(k, m)
+        parts[pos if lap % 2 == 0 else m - 1 - pos].append(i)
+    return [batch.select(sorted(p)) for p in parts]
+
+
+def _pad_dim1(t: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    if not (left or right):
+        return t
+    return F.pad(t, [0, 0] * (t.ndim - 2) + [left, right])
+
+
+def align_widths(parts: list[Batch]) -> list[Batch]:
+    """``parts`` on one prompt width ``P`` and response width ``R`` (the largest of each): prompts
+    and the prompt part of full-sequence tensors are left-padded, responses and response-aligned
+    tensors right-padded, with zeros (masked everywhere).  ``responses`` and ``input_ids`` define
+    the widths; other 2-D+ tensors must be prompt-, full- or response-wide.
+
+    Raises:
+        ValueError: a tensor of another width.
+    """
+    resp = [int(b["responses"].shape[1]) for b in parts]
+    full = [int(b["input_ids"].shape[1]) for b in parts]
+    if len(set(resp)) == 1 and len(set(full)) == 1:
+        return parts
+    big_r, big_p = max(resp), max(f - r for f, r in zip(full, resp, strict=True))
+    out = []
+    for b, r, f in zip(parts, resp, full, strict=True):
+        p = f - r
+        d: dict[str, torch.Tensor] = {}
+        for k in b.tensors.keys():
+            t = b[k]
+            if t.ndim < 2:
+                d[k] = t
+            elif k == "prompts":
+                d[k] = _pad_dim1(t, big_p - p, 0)
+            elif t.shape[1] == f:
+                d[k] = _pad_dim1(t, big_p - p, big_r - r)
+            elif t.shape[1] == r:
+                d[k] = _pad_dim1(t, 0, big_r - r)
+            else:
+                raise ValueError(f"cannot align {k!r} of width {t.shape[1]} (prompt {p}, response {r})")
+        out.append(Batch.from_dict(d, dict(b.non_tensor), dict(b.meta)))
+    return out

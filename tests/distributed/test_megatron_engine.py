@@ -1,0 +1,157 @@
+"""``strategy=megatron`` (DTensor TP, torch pipelining PP, FSDP2 DP) on gloo against one process.
+
+The tiny fp32 Llama (tied embeddings) and dist_common's 6-row batch; each rank holds its share
+of the rows, as under the trainer.  Checked against the single-process model / LocalEngine to
+1e-5: log-probs and entropy (vocabulary-parallel, never gathered), the loss metrics of one
+mini-batch through the real actor loss (PPO + KL + entropy), every parameter's gradient, the
+gradient norm, and after the optimizer step the parameters, the optimizer state and the
+log-probs; the full state dict loads into LocalEngine and back into a fresh megatron engine,
+and ``sync_to`` gives the rollout copy the same weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dist_common as dc  # noqa: E402
+import megatron_worker as mw  # noqa: E402
+
+from rlforge.algorithms import loss_agg_globals  # noqa: E402
+from rlforge.engine import LocalEngine, LossScale, build_optimizer, build_scheduler  # noqa: E402
+from rlforge.roles.actor import Actor  # noqa: E402
+from rlforge.roles.forward import response_log_probs  # noqa: E402
+
+MODE = "seq-mean-token-mean"
+
+
+def _local_engine(model):
+    cfg = dc.actor_cfg(MODE)
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    sched = build_scheduler(opt, cfg.optim, 10, "optim")
+    return LocalEngine(model, torch.device("cpu"), opt, sched, grad_clip=cfg.grad_clip)
+
+
+@functools.cache
+def reference(layers: int = 2) -> dict:
+    """The single-process results of the worker's computations (LocalEngine for the step)."""
+    model, tok = mw.load_model(layers)
+    batch = dc.make_batch(model, tok)
+    with torch.no_grad():
+        logp0, ent0 = response_log_probs(model.eval(), batch, dc.TEMPERATURE, with_entropy=True)
+    model.train()
+    actor = Actor(_local_engine(model), dc.actor_cfg(MODE), len(batch), len(batch), 2)
+    scale = LossScale(**loss_agg_globals(batch["response_mask"].float()))
+    loss, _ = actor._loss_fn(dc.TEMPERATURE)(model, batch, scale)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    engine = _local_engine(model)
+    metrics, logp = dc.run_actor(engine, batch, MODE, micro=2)
+    return {"logp_before": logp0, "entropy_before": ent0, "grads": grads, "metrics": metrics, "logp": logp,
+            "state": engine.state_dict()}
+
+
+def _close_states(a: dict, b: dict, atol: float = 1e-5) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=1e-5), (k, (a[k] - b[k]).abs().max())
+
+
+def _close_optim(a: dict, b: dict) -> None:
+    assert len(a["state"]) == len(b["state"]) and len(a["param_groups"]) == len(b["param_groups"])
+    for i, s in a["state"].items():
+        for k, v in s.items():
+            assert torch.allclose(torch.as_tensor(v).float(), torch.as_tensor(b["state"][i][k]).float(),
+                                  atol=1e-6, rtol=1e-4), (i, k)
+
+
+CASES = {
+    "tp2": (2, {"tp": 2, "micro": 2}),
+    "tp2-sp-ckpt": (2, {"tp": 2, "sp": True, "ckpt": True, "micro": 2}),
+    "pp2": (2, {"pp": 2, "micro": 1}),
+    "tp2-pp2": (4, {"tp": 2, "pp": 2, "sp": True, "micro": 1}),
+    "tp2-dp2": (4, {"tp": 2, "micro": 1}),
+    "pp2-dp2": (4, {"pp": 2, "micro": 1}),
+    "pp2-vpp2": (2, {"pp": 2, "vpp": 2, "layers": 4, "micro": 1}),
+    "pp2-dynamic": (2, {"pp": 2, "micro": 1, "budget": 24}),
+}
+
+
+def _check(r: dict, ref: dict) -> None:
+    assert torch.allclose(r["logp_before"], ref["logp_before"], atol=1e-5)
+    assert torch.allclose(r["entropy_before"], ref["entropy_before"], atol=1e-5)
+    m = r["metrics"]
+    for k in ("pg_loss", "kl_loss"):
+        assert m[k] == pytest.approx(ref["metrics"][k], rel=1e-5, abs=1e-6), k  # TP: other reduction orders
+    assert set(r["grads"]) == set(ref["grads"])
+    for n, g in ref["grads"].items():
+        assert torch.allclose(r["grads"][n], g, atol=1e-5, rtol=1e-5), n
+    assert m["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
+    assert m["grad_norm"] > 1.0  # clipping at 1.0 was active
+    # AdamW's first step is lr * g / (|g| + eps): elements whose gradient is ~0 amplify the 1e-7
+    # relative differences of another reduction order, so the updated weights get 5% of one step (lr=1e-3)
+    _close_states(r["state"]["model"], ref["state"]["model"], atol=5e-5)
+    _close_optim(r["state"]["optimizer"], ref["state"]["optimizer"])
+    assert r["state"]["scheduler"] == ref["state"]["scheduler"]
+    assert torch.allclose(r["logp"], ref["logp"], atol=1e-4)
+    _close_states(r["synced"], r["state"]["model"], atol=0)
+    _close_states(r["reloaded_state"]["model"], r["state"]["model"], atol=0)
+    _close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])
+    local = _local_engine(mw.load_model(len({k.split(".")[2] for k in r["grads"] if ".layers." in k}))[0])
+    local.load_state_dict(r["state"])  # the megatron checkpoint loads into LocalEngine
+    _close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_step_matches_single_process(case, tmp_path):
+    world, opts = CASES[case]
+    mw.launch(world, tmp_path, {"mode": MODE, **opts})
+    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    _check(r, reference(opts.get("layers", 2)))
+    em = r["engine_metrics"]
+    tp, pp = opts.get("tp", 1), opts.get("pp", 1)
+    assert (em["parallel/tp"], em["parallel/pp"], em["parallel/dp"]) == (tp, pp, world // (tp * pp))
+    if opts.get("pp", 1) > 1:
+        assert 0.0 < em["parallel/pp_bubble"] < 1.0
+
+
+def test_value_model_matches_single_process(tmp_path):
+    """The critic's value head (replicated, fed by the sequence-parallel norm) through TP=2 x PP=2."""
+    from rlforge.config import CriticConfig
+    from rlforge.models import load_value_model
+    from rlforge.roles.critic import Critic
+
+    model, tok = dc.load_model()
+    batch = mw.critic_batch(dc.make_batch(model, tok))
+    critic_model = load_value_model("preset:tiny", tok, {"initializer_range": 0.2}, seed=3)
+    cfg = CriticConfig()
+    cfg.loss_agg_mode, cfg.ppo_epochs = MODE, 1
+    engine = _local_engine(critic_model)
+    critic = Critic(engine, cfg, len(batch), len(batch), 2)
+    values = critic.compute_values(batch)
+    captured = {}
+
+    class Capture:
+        lr = 0.0
+
+        def train_step(self, data, loss_fn, micro, budget=None):
+            scale = LossScale(**loss_agg_globals(data["response_mask"].float()))
+            loss, captured["metrics"] = loss_fn(critic_model, data, scale)
+            loss.backward()
+            return {**captured["metrics"], "grad_norm": 0.0}
+
+    critic.engine = Capture()
+    critic.update(batch)
+    mw.launch(4, tmp_path, {"mode": MODE, "critic": True, "tp": 2, "pp": 2, "sp": True, "micro": 1})
+    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    assert torch.allclose(r["values"], values, atol=1e-5)
+    assert r["metrics"]["vf_loss"] == pytest.approx(captured["metrics"]["vf_loss"], rel=1e-5, abs=1e-6)
+    assert set(r["grads"]) == {n for n, _ in critic_model.named_parameters()}
+    for n, p in critic_model.named_parameters():
+        assert torch.allclose(r["grads"][n], p.grad, atol=1e-5, rtol=1e-5), n
