@@ -1,16 +1,52 @@
-"""Metric loggers selected by ``trainer.logger`` (console, file)."""
+"""Metric loggers selected by ``trainer.logger``: console, file, tensorboard, wandb, mlflow.
+
+Each :data:`LOGGERS` entry is a factory ``(run: RunInfo) -> Logger``; the optional
+backends (tensorboard, wandb, mlflow) are imported only when chosen.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rlforge.registry import Registry
+from rlforge.tracking.base import PIP_PACKAGES, Logger, RunInfo, require_logger_package
 from rlforge.tracking.console import ConsoleLogger
 from rlforge.tracking.file import FileLogger
 
-LOGGERS: Registry[type] = Registry("logger", "trainer.logger")
-LOGGERS.register("console")(ConsoleLogger)
-LOGGERS.register("file")(FileLogger)
+LOGGERS: Registry[Callable[[RunInfo], Logger]] = Registry("logger", "trainer.logger")
+
+
+@LOGGERS.register("console")
+def _console(run: RunInfo) -> Logger:
+    return ConsoleLogger()
+
+
+@LOGGERS.register("file")
+def _file(run: RunInfo) -> Logger:
+    return FileLogger(run.directory)
+
+
+@LOGGERS.register("tensorboard")
+def _tensorboard(run: RunInfo) -> Logger:
+    from rlforge.tracking.tensorboard_logger import TensorboardLogger
+
+    return TensorboardLogger.from_run(run)
+
+
+@LOGGERS.register("wandb")
+def _wandb(run: RunInfo) -> Logger:
+    from rlforge.tracking.wandb_logger import WandbLogger
+
+    return WandbLogger.from_run(run)
+
+
+@LOGGERS.register("mlflow")
+def _mlflow(run: RunInfo) -> Logger:
+    from rlforge.tracking.mlflow_logger import MlflowLogger
+
+    return MlflowLogger.from_run(run)
 
 
 def rotate_metrics_file(directory: Path, filename: str = "metrics.jsonl") -> Path | None:
@@ -28,14 +64,34 @@ def rotate_metrics_file(directory: Path, filename: str = "metrics.jsonl") -> Pat
     return target
 
 
-class Tracking:
-    """Fans one ``log(metrics, step)`` call out to every configured logger."""
+def check_loggers(loggers: list[str]) -> None:
+    """Raise :class:`~rlforge.errors.ConfigError` for an unknown logger or one whose package
+    is missing, before anything slow (model loading) starts."""
+    for name in loggers:
+        LOGGERS.get(name)
+        require_logger_package(name)
 
-    def __init__(self, loggers: list[str], default_local_dir: str | Path) -> None:
-        self._loggers = []
-        for name in loggers:
-            cls = LOGGERS.get(name)
-            self._loggers.append(cls(default_local_dir) if cls is FileLogger else cls())
+
+class Tracking:
+    """Fans one ``log(metrics, step)`` call out to every configured logger.
+
+    Args:
+        loggers: ``trainer.logger`` names (already filtered to the supported ones).
+        default_local_dir: the run directory.
+        project, experiment: ``trainer.project_name`` and ``trainer.experiment_name``.
+        config: the resolved config as plain containers, for loggers that record it.
+    """
+
+    def __init__(self, loggers: list[str], default_local_dir: str | Path, project: str = "rlforge",
+                 experiment: str = "default", config: dict[str, Any] | None = None) -> None:
+        run = RunInfo(Path(default_local_dir), project, experiment, config or {})
+        self._loggers: list[Logger] = []
+        try:
+            for name in loggers:
+                self._loggers.append(LOGGERS.get(name)(run))
+        except BaseException:
+            self.close()
+            raise
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for lg in self._loggers:
@@ -44,6 +100,8 @@ class Tracking:
     def close(self) -> None:
         for lg in self._loggers:
             lg.close()
+        self._loggers = []
 
 
-__all__ = ["LOGGERS", "ConsoleLogger", "FileLogger", "Tracking", "rotate_metrics_file"]
+__all__ = ["LOGGERS", "PIP_PACKAGES", "ConsoleLogger", "FileLogger", "Logger", "RunInfo", "Tracking",
+           "check_loggers", "rotate_metrics_file"]

@@ -7,7 +7,7 @@ from typing import TextIO
 
 _HEADLINE = [
     "critic/score/mean", "val-core/", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
-    "critic/vf_loss", "response_length/mean", "timing_s/step",
+    "critic/vf_loss", "response_length/mean", "timing_s/step", "perf/gpu_util/mean", "perf/idle_ratio",
 ]
 
 

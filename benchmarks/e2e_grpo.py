@@ -1,0 +1,420 @@
+"""End-to-end GRPO steps on one GPU: rlforge's trainer against TRL's ``GRPOTrainer``, same workload.
+
+Run on the GPU machine (no internet needed).  The baseline needs ``trl==1.16.0`` and
+``datasets``; where they are not installed, carry their wheels and those of ``dill`` and
+``multiprocess`` (``pip download --no-deps`` for the machine's Python) and put them on ``PYTHONPATH``.
+``--skip-trl`` runs rlforge alone.
+
+    python benchmarks/e2e_grpo.py --tokenizer .tok --out e2e_out
+    python benchmarks/e2e_grpo.py --tokenizer .tok --models qwen2.5-0.5b --skip-trl --rlforge-rollout native
+
+Workload (the same for both frameworks; flags change it):
+- models: ``preset:qwen2.5-0.5b`` and ``preset:qwen2.5-1.5b``, random ("dummy") weights built
+  from the preset config (fp32 master weights, bf16 autocast), the tokenizer of ``--tokenizer``;
+- 64 prompts x n=8 responses per step, every prompt exactly 256 tokens after the chat template
+  (random single-token words, built once and written to ``OUT/prompts.jsonl``), responses of
+  at most 1024 tokens, sampled at temperature 1 with no top-p/top-k;
+- GRPO: group-normalised advantages (TRL ``scale_rewards="group"``), one optimizer step per
+  RL step (rlforge ``ppo_mini_batch_size=64``; TRL ``per_device_train_batch_size x
+  gradient_accumulation_steps = 512``), token-mean loss aggregation (TRL ``loss_type="dapo"``),
+  clip 0.2, lr 1e-6 constant, grad-norm clip 1.0, gradient checkpointing on, KL coefficient
+  ``--beta`` (default 0: no reference model in either), micro-batches of ``--micro-batch``;
+- a dummy reward: a uniform random number per response.
+
+EOS: nothing stops a response at EOS except sampling it.  A random-weight model samples each
+of the tokenizer's EOS ids with probability about 1/vocab per token, so about 1-2 % of the
+responses end before 1024 tokens, in both frameworks alike; and both generate a batch until its
+longest response ends, so the generation work is the same.  The mean response length of each run
+is in the JSON.
+
+Measured per run, over ``--steps`` steps after ``--warmup`` steps:
+- tokens/s: prompt + response tokens of the step (valid tokens, no padding) / step wall time, on
+  one GPU (rlforge ``perf/throughput``; TRL: the increase of ``state.num_input_tokens_seen``,
+  which TRL counts the same way, over the time from ``on_step_begin`` to ``on_step_end``);
+- s/step; gen s: time in generation (rlforge ``timing_s/gen``; TRL ``_generate_single_turn``,
+  timed by a subclass); train s: s/step - gen s (everything else: reward, log-probs, update);
+- GPU util %: NVML utilisation averaged over the step; idle ratio: fraction of the step's
+  100 ms samples with utilisation < 5 %; both from rlforge's sampler (``rlforge.perf.gpu_sampler``)
+  for both frameworks.  The sampler's own CPU time per wall second is checked against 1 %.
+
+Each framework and model runs in its own subprocess (a fresh CUDA context): rlforge as
+``python -m rlforge.cli train ... trainer.logger=[file]``, reading ``metrics.jsonl``; TRL as this
+script with ``--trl-worker``.  Output: one markdown table (stdout and ``OUT/e2e_grpo.md``) and
+``OUT/e2e_grpo.json``; logs in ``OUT/<framework>_<model>.log``.
+
+Known differences, by design of each framework: rlforge (as verl) recomputes the old
+log-probs in a forward pass (``old_log_prob``); TRL skips it when one generation feeds exactly
+one optimizer step (the ratio is then 1 and it uses the detached current log-probs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true"}
+DUMMY_REWARD = '''"""Dummy reward of the e2e benchmark: a uniform random score per response."""
+import random
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return random.random()
+'''
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: int = 64
+    n: int = 8
+    prompt_len: int = 256
+    response_len: int = 1024
+    micro_batch: int = 16
+    beta: float = 0.0
+    lr: float = 1e-6
+    steps: int = 5
+    warmup: int = 1
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+
+# ---------------------------------------------------------------------------- prompts
+def single_token_words(tok: Any, limit: int = 30000) -> list[str]:
+    """Words ``" abc"`` (3-8 lowercase letters) that the tokenizer encodes as one token."""
+    words = []
+    for i in range(min(limit, len(tok))):
+        s = tok.decode([i])
+        if re.fullmatch(r" [a-z]{3,8}", s) and tok.encode(s, add_special_tokens=False) == [i]:
+            words.append(s)
+    if len(words) < 50:
+        raise SystemExit(f"the tokenizer has only {len(words)} single-token words; give another --tokenizer")
+    return words
+
+
+def exact_length_prompt(tok: Any, words: list[str], length: int, rng: random.Random) -> list[dict[str, str]]:
+    """Chat messages whose chat-templated tokens (rlforge's and TRL's tokenization) number ``length``."""
+    from rlforge.data.dataset import tokenize_messages
+
+    k = length
+    for _ in range(20):
+        content = "".join(rng.choice(words) for _ in range(max(k, 1))).lstrip()
+        messages = [{"role": "user", "content": content}]
+        got = len(tokenize_messages(tok, messages))
+        if got == length:
+            return messages
+        k += length - got
+    raise SystemExit(f"could not build a prompt of exactly {length} tokens with this tokenizer")
+
+
+def write_inputs(out: Path, tok: Any, wl: Workload, seed: int = 0) -> tuple[Path, Path]:
+    """``OUT/prompts.jsonl`` (verl-format rows, one prompt per row, enough for every step) and
+    ``OUT/dummy_reward.py``."""
+    rng = random.Random(seed)
+    words = single_token_words(tok)
+    data = out / "prompts.jsonl"
+    with data.open("w") as fh:
+        for i in range(wl.prompts * wl.total_steps):
+            row = {"data_source": "e2e/dummy", "prompt": exact_length_prompt(tok, words, wl.prompt_len, rng),
+                   "reward_model": {"ground_truth": "0"}, "extra_info": {"index": i}}
+            fh.write(json.dumps(row) + "\n")
+    reward = out / "dummy_reward.py"
+    reward.write_text(DUMMY_REWARD)
+    return data, reward
+
+
+# ---------------------------------------------------------------------------- rlforge
+def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_dir: Path, tokenizer: str | None,
+                      rollout: str) -> list[str]:
+    arr = "actor_rollout_ref"
+    o = [
+        f"{arr}.model.path=preset:{model}", f"{arr}.model.enable_gradient_checkpointing=true",
+        f"data.train_files={data}", "data.val_files=null", f"data.train_batch_size={wl.prompts}",
+        f"data.max_prompt_length={wl.prompt_len}", f"data.max_response_length={wl.response_len}",
+        "data.shuffle=false", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
+        f"{arr}.rollout.name={rollout}", f"{arr}.rollout.n={wl.n}", f"{arr}.rollout.temperature=1.0",
+        f"{arr}.rollout.top_p=1.0", f"{arr}.rollout.top_k=-1", f"{arr}.rollout.tensor_model_parallel_size=1",
+        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={wl.micro_batch}",
+        f"{arr}.ref.log_prob_micro_batch_size_per_gpu={wl.micro_batch}",
+        f"{arr}.actor.ppo_mini_batch_size={wl.prompts}", f"{arr}.actor.ppo_micro_batch_size_per_gpu={wl.micro_batch}",
+        f"{arr}.actor.ppo_epochs=1", f"{arr}.actor.loss_agg_mode=token-mean", f"{arr}.actor.clip_ratio=0.2",
+        f"{arr}.actor.grad_clip=1.0", f"{arr}.actor.entropy_coeff=0", f"{arr}.actor.optim.lr={wl.lr}",
+        f"{arr}.actor.optim.lr_scheduler_type=constant", f"{arr}.actor.optim.weight_decay=0.0",
+        f"{arr}.actor.use_kl_loss={'true' if wl.beta > 0 else 'false'}", f"{arr}.actor.kl_loss_coef={wl.beta}",
+        f"{arr}.actor.kl_loss_type=low_var_kl",
+        f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score",
+        f"trainer.total_training_steps={wl.total_steps}", "trainer.logger=[file]", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.profile=true",
+        "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run_dir}",
+    ]
+    if tokenizer:
+        o.append(f"{arr}.model.tokenizer_path={tokenizer}")
+    return o
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any]:
+    """Per-run numbers from rlforge's ``metrics.jsonl`` rows (the steps after the warm-up)."""
+    measured = [r for r in rows if "timing_s/step" in r and r["step"] > wl.warmup]
+    if not measured:
+        raise RuntimeError("no measured steps in metrics.jsonl")
+    step_s = sum(r["timing_s/step"] for r in measured)
+    tokens = sum(r["perf/total_num_tokens"] for r in measured)
+    gen_s = sum(r.get("timing_s/gen", 0.0) for r in measured)
+    from rlforge.perf.report import STEP_STAGES
+
+    found = {k.removeprefix("timing_s/") for r in measured for k in r if k.startswith("timing_s/")} - {"step"}
+    stages = sorted(found, key=lambda s: STEP_STAGES.index(s) if s in STEP_STAGES else len(STEP_STAGES))
+    return {
+        "steps": len(measured), "tokens_per_s": tokens / step_s, "s_per_step": step_s / len(measured),
+        "gen_s": gen_s / len(measured), "train_s": (step_s - gen_s) / len(measured),
+        "gpu_util": _mean([r["perf/gpu_util/mean"] for r in measured if "perf/gpu_util/mean" in r]),
+        "idle_ratio": _mean([r["perf/idle_ratio"] for r in measured if "perf/idle_ratio" in r]),
+        "sampler_overhead": _mean([r["perf/gpu_sampler_overhead"] for r in measured
+                                   if "perf/gpu_sampler_overhead" in r]),
+        "tokens_per_step": tokens / len(measured),
+        "response_length_mean": _mean([r["response_length/mean"] for r in measured]),
+        "stages_s": {s: sum(r.get(f"timing_s/{s}", 0.0) for r in measured) / len(measured) for s in stages},
+        "stages_gpu_util": {s: _mean([r[f"perf/gpu_util/{s}"] for r in measured if f"perf/gpu_util/{s}" in r])
+                            for s in stages},
+        "mfu_actor": _mean([r["perf/mfu/actor"] for r in measured if "perf/mfu/actor" in r]),
+    }
+
+
+def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path) -> dict:
+    run_dir = out / f"rlforge_{model}"
+    cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
+           *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout),
+           *args.rlforge_extra]
+    _run(cmd, out / f"rlforge_{model}.log")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return summarize_rlforge(rows, wl)
+
+
+# ---------------------------------------------------------------------------- TRL
+def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path) -> dict:
+    result = out / f"trl_{model}.json"
+    cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", model, "--workload", json.dumps(asdict(wl)),
+           "--data", str(data), "--out", str(out)] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
+    _run(cmd, out / f"trl_{model}.log")
+    return json.loads(result.read_text())
+
+
+def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: str | None) -> int:
+    """Train ``wl.total_steps`` GRPO steps with TRL and write ``OUT/trl_<model>.json``."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlforge.models import load_causal_lm, load_tokenizer
+    from rlforge.perf.gpu_sampler import GpuSampler, gpu_step_metrics, nvml_reader
+    from rlforge.perf.timer import timed
+    from rlforge.perf.trace import Timeline
+
+    tok = load_tokenizer(f"preset:{model_name}", tokenizer)
+    model = load_causal_lm(f"preset:{model_name}", tok, seed=0)  # random weights, fp32, as rlforge builds it
+    if wl.beta > 0:  # TRL builds its reference model from config._name_or_path
+        ref_dir = out / f"trl_ref_{model_name}"
+        model.save_pretrained(ref_dir)
+        model.config._name_or_path = str(ref_dir)
+    prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines() if line.strip()]
+    dataset = Dataset.from_list([{"prompt": p} for p in prompts])
+    timeline = Timeline()
+    scratch: dict[str, float] = {}
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Times TRL's generation (``_generate_single_turn``) and its generate-and-score stage."""
+
+        def _generate_single_turn(self, *a: Any, **kw: Any) -> Any:
+            with timed("gen", scratch, timeline):
+                return super()._generate_single_turn(*a, **kw)
+
+        def _generate_and_score_completions(self, *a: Any, **kw: Any) -> Any:
+            with timed("generate_and_score", scratch, timeline):
+                return super()._generate_and_score_completions(*a, **kw)
+
+    steps: list[tuple[float, float, float]] = []  # (start_s, end_s, tokens)
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.t0, self.tok0 = time.perf_counter(), state.num_input_tokens_seen
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            steps.append((self.t0, time.perf_counter(), float(state.num_input_tokens_seen - self.tok0)))
+
+    def dummy_reward(completions: list[Any], **kw: Any) -> list[float]:
+        return [random.random() for _ in completions]
+
+    total = wl.prompts * wl.n
+    cfg = GRPOConfig(
+        output_dir=str(out / f"trl_{model_name}"), per_device_train_batch_size=wl.micro_batch,
+        gradient_accumulation_steps=total // wl.micro_batch, num_generations=wl.n,
+        max_completion_length=wl.response_len, temperature=1.0, top_p=1.0, top_k=0, beta=wl.beta,
+        loss_type="dapo", scale_rewards="group", epsilon=0.2, num_iterations=1, learning_rate=wl.lr,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=True,
+        bf16=torch.cuda.is_available(), use_vllm=False, max_steps=wl.total_steps, logging_steps=1,
+        save_strategy="no", report_to="none", shuffle_dataset=False, seed=0, dataloader_num_workers=0,
+        disable_tqdm=True, log_completions=False,
+    )
+    trainer = TimedGRPOTrainer(model=model, reward_funcs=dummy_reward, args=cfg, train_dataset=dataset,
+                               processing_class=tok, callbacks=[StepTimer()])
+    read = nvml_reader([torch.cuda.current_device()]) if torch.cuda.is_available() else None
+    sampler = GpuSampler(read) if read is not None else None
+    wall0 = time.perf_counter()
+    if sampler:
+        sampler.start()
+    trainer.train()
+    if sampler:
+        sampler.stop()
+    wall = time.perf_counter() - wall0
+    measured = steps[wl.warmup:]
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history
+               if "completions/mean_length" in h and h.get("step", 0) > wl.warmup]
+    per_step = []
+    for t0, t1, tokens in measured:
+        gen = [(e.start_s, e.end_s) for e in timeline.events if e.name == "gen" and t0 <= e.start_s <= t1]
+        gas = [(e.start_s, e.end_s) for e in timeline.events
+               if e.name == "generate_and_score" and t0 <= e.start_s <= t1]
+        gpu = gpu_step_metrics(sampler.samples(t0, t1), (t0, t1), {"gen": gen}) if sampler else {}
+        per_step.append({"s": t1 - t0, "tokens": tokens, "gen_s": sum(b - a for a, b in gen),
+                         "gas_s": sum(b - a for a, b in gas), **gpu})
+    n = len(per_step)
+    step_s = sum(p["s"] for p in per_step)
+    gen_s = sum(p["gen_s"] for p in per_step)
+    gas_s = sum(p["gas_s"] for p in per_step)
+    result = {
+        "steps": n, "tokens_per_s": sum(p["tokens"] for p in per_step) / step_s, "s_per_step": step_s / n,
+        "s_per_step_wall": (measured[-1][1] - steps[wl.warmup - 1][1]) / n if wl.warmup > 0 else None,
+        "gen_s": gen_s / n, "train_s": (step_s - gen_s) / n,
+        "gpu_util": _mean([p["perf/gpu_util/mean"] for p in per_step if "perf/gpu_util/mean" in p]),
+        "idle_ratio": _mean([p["perf/idle_ratio"] for p in per_step if "perf/idle_ratio" in p]),
+        "sampler_overhead": sampler.cpu_time_s() / wall if sampler else None,
+        "tokens_per_step": sum(p["tokens"] for p in per_step) / n,
+        "response_length_mean": _mean(lengths),
+        "stages_s": {"gen": gen_s / n, "score_and_logp": (gas_s - gen_s) / n, "train": (step_s - gas_s) / n},
+        "stages_gpu_util": {"gen": _mean([p["perf/gpu_util/gen"] for p in per_step if "perf/gpu_util/gen" in p])},
+    }
+    (out / f"trl_{model_name}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------- output
+def _run(cmd: list[str], log: Path) -> None:
+    print(f"$ {' '.join(cmd[:6])} ... (log: {log})", flush=True)
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=ENV).returncode
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"exit status {rc}; last lines of {log}:\n{tail}")
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+COLUMNS = ("model", "framework", "tokens/s", "s/step", "gen s", "train s", "GPU util %", "idle ratio", "vs TRL")
+
+
+def markdown_table(runs: list[dict[str, Any]]) -> str:
+    """The stable result table: one row per (model, framework), rlforge before TRL."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    trl = {r["model"]: r for r in runs if r["framework"] == "trl" and "error" not in r}
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['framework']} | failed: {r['error'].splitlines()[0][:60]} |"
+                         + " |" * (len(COLUMNS) - 3))
+            continue
+        base = trl.get(r["model"])
+        ratio = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        lines.append(" | ".join([
+            f"| {r['model']}", r["framework"], _f(r["tokens_per_s"], ".0f"), _f(r["s_per_step"], ".2f"),
+            _f(r["gen_s"], ".2f"), _f(r["train_s"], ".2f"), _f(r["gpu_util"], ".1f"), _f(r["idle_ratio"], ".3f"),
+            _f(ratio, ".2f") + " |",
+        ]))
+    return "\n".join(lines)
+
+
+def stage_table(runs: list[dict[str, Any]]) -> str:
+    lines = ["| model | framework | stage | s/step | GPU util % |", "|---|---|---|---|---|"]
+    for r in runs:
+        for stage, s in r.get("stages_s", {}).items():
+            util = r.get("stages_gpu_util", {}).get(stage)
+            lines.append(f"| {r['model']} | {r['framework']} | {stage} | {s:.3f} | {_f(util, '.1f')} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names (without 'preset:')")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per run (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--skip-trl", action="store_true", help="run rlforge only")
+    p.add_argument("--rlforge-rollout", choices=("hf", "native"), default="hf")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (actor_rollout_ref.model.tokenizer_path)")
+    p.add_argument("--out", default="e2e_grpo_out", help="output folder")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--response-len", type=int, default=1024)
+    p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward, both frameworks")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
+    p.add_argument("--rlforge-extra", nargs="*", default=[], help="extra rlforge overrides, key=value")
+    p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.trl_worker:
+        return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer)
+    wl = Workload(args.prompts, args.n, args.prompt_len, args.response_len, args.micro_batch, args.beta,
+                  steps=args.steps, warmup=args.warmup)
+    if (wl.prompts * wl.n) % wl.micro_batch:
+        p.error(f"--micro-batch {wl.micro_batch} must divide prompts x n = {wl.prompts * wl.n}")
+    from rlforge.models import load_tokenizer
+
+    data, reward = write_inputs(out, load_tokenizer("preset:tiny", args.tokenizer), wl)
+    runs: list[dict[str, Any]] = []
+    for model in (m.removeprefix("preset:") for m in args.models):
+        jobs = [("rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward))]
+        if not args.skip_trl:
+            jobs.append(("trl", lambda m=model: run_trl(m, wl, args, out, data)))
+        for framework, job in jobs:
+            try:
+                runs.append({"model": model, "framework": framework, **job()})
+            except (RuntimeError, OSError, ValueError, KeyError) as e:
+                runs.append({"model": model, "framework": framework, "error": str(e)})
+                print(f"{model} {framework} failed: {e}", file=sys.stderr, flush=True)
+    table = markdown_table(runs)
+    md = f"{table}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
+    overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
+    if overheads:
+        md += (f"\nGPU sampler CPU time: at most {100 * max(overheads):.3f} % of wall time "
+               f"({'within' if max(overheads) < 0.01 else 'OVER'} the 1 % budget)\n")
+    print("\n" + md, flush=True)
+    (out / "e2e_grpo.md").write_text(md)
+    (out / "e2e_grpo.json").write_text(json.dumps({"workload": asdict(wl), "rollout": args.rlforge_rollout,
+                                                   "tokenizer": args.tokenizer, "runs": runs}, indent=1))
+    return 0 if all("error" not in r for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""``rlforge perf report RUN_DIR``: where a run's time and idle GPU went.
+
+Reads ``RUN_DIR/metrics.jsonl`` (the ``file`` logger) and, when the run had
+``trainer.profile=true``, ``RUN_DIR/trace/rank<R>.json`` and ``trace/gpu_samples_rank<R>.jsonl``.
+Writes ``report.md`` and PNG plots to ``RUN_DIR/report/`` (or ``--out``).
+
+The stage table, per stage, over the training steps (rows with ``timing_s/step``):
+
+- ``mean s/step``: the stage's total ``timing_s/<stage>`` divided by the number of steps
+  (a stage that ran in only some steps, like ``testing``, is averaged over all steps);
+- ``share``: the stage's total time over the total ``timing_s/step`` (``testing`` runs
+  outside the step, so its share is relative to, not part of, the step time);
+- ``GPU util %``: the mean of ``perf/gpu_util/<stage>`` over the steps that have it;
+- ``GPU idle s/step``: ``mean s/step x (1 - util / 100)``, the time per step during which no
+  kernel ran (NVML's utilisation is the fraction of time a kernel was running).
+
+``other`` is the step time that no stage covers (batch balancing, metrics, weight sync).
+A resumed run appends to ``metrics.jsonl``; for a step logged twice the last line wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import DataError, RLForgeError
+
+STEP_STAGES = ("gen", "gen_max", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+"""Stages timed inside ``timing_s/step``, in the order they run."""
+OUTSIDE_STAGES = ("testing",)
+"""Stages timed outside the step."""
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+@dataclass
+class RunData:
+    """Everything the report reads from one run directory."""
+
+    run_dir: Path
+    rows: list[dict[str, float]]
+    """One dict per logged step (``step`` included), sorted by step."""
+    traces: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Rank -> trace events (``traceEvents`` of ``trace/rank<R>.json``)."""
+    samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Rank -> GPU sample rows of ``trace/gpu_samples_rank<R>.jsonl``."""
+
+    @property
+    def train_rows(self) -> list[dict[str, float]]:
+        return [r for r in self.rows if "timing_s/step" in r]
+
+
+def _number(v: Any, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise DataError(f"{where}: metric {key!r} is {v!r}, not a number")
+    if isinstance(v, str):
+        if v.lower() not in _NON_FINITE:
+            raise DataError(f"{where}: metric {key!r} is {v!r}, not a number")
+        return _NON_FINITE[v.lower()]
+    return float(v)
+
+
+def load_metrics(path: Path) -> list[dict[str, float]]:
+    """The rows of a ``metrics.jsonl``, one per step (the last line of a step wins), sorted by step.
+
+    Raises:
+        DataError: the file is missing or empty, or a line is not a JSON object with an
+            integer ``step`` and numeric values (the message names the file and line).
+    """
+    if not path.is_file():
+        raise DataError(f"{path} not found: `rlforge perf report` needs the metrics of a run made with "
+                        "trainer.logger=[console,file] (or any list with 'file')")
+    by_step: dict[int, dict[str, float]] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            step = obj.get("step")
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise DataError(f"{where}: no integer 'step' field")
+            by_step[step] = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
+    if not by_step:
+        raise DataError(f"{path} has no metrics (it is empty)")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _rank_of(path: Path, prefix: str) -> int | None:
+    stem = path.name.split(".")[0]
+    rest = stem[len(prefix):]
+    return int(rest) if stem.startswith(prefix) and rest.isdigit() else None
+
+
+def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Rank -> events of every ``rank<R>.json`` in ``trace_dir`` (none: an empty dict)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(trace_dir.glob("rank*.json")):
+        rank = _rank_of(path, "rank")
+        if rank is None:
+            continue
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+            raise DataError(f"{path}: not a trace (expected a JSON object with a 'traceEvents' list)")
+        out[rank] = obj["traceEvents"]
+    return out
+
+
+def load_samples(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Rank -> rows of every ``gpu_samples_rank<R>.jsonl`` in ``trace_dir``."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(trace_dir.glob("gpu_samples_rank*.jsonl")):
+        rank = _rank_of(path, "gpu_samples_rank")
+        if rank is None:
+            continue
+        rows = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not {"time_s", "util_pct"} <= set(row):
+                raise DataError(f"{path} line {lineno}: expected an object with 'time_s' and 'util_pct'")
+            rows.append(row)
+        out[rank] = rows
+    return out
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory (see the module doc).
+
+    Raises:
+        DataError: ``run_dir`` is not a directory, or a file in it is malformed.
+    """
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise DataError(f"run directory {run} does not exist (give trainer.default_local_dir of a run)")
+    trace_dir = run / "trace"
+    return RunData(run, load_metrics(run / "metrics.jsonl"), load_traces(trace_dir), load_samples(trace_dir))
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One line of the stage table (see the module doc for the definitions)."""
+
+    stage: str
+    mean_s: float
+    share: float | None
+    gpu_util: float | None
+    idle_s: float | None
+
+
+def _mean(values: list[float]) -> float | None:
+    vals = [v for v in values if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def stage_table(rows: list[dict[str, float]]) -> list[StageRow]:
+    """The stage table of the training ``rows`` (rows with ``timing_s/step``): the stages in
+    running order, then ``other``, ``step`` (the whole step) and the stages outside it."""
+    train = [r for r in rows if "timing_s/step" in r]
+    if not train:
+        return []
+    n = len(train)
+    step_total = sum(r["timing_s/step"] for r in train)
+
+    def row(stage: str, total: float, util_key: str | None) -> StageRow:
+        util = _mean([r[util_key] for r in rows if util_key in r]) if util_key else None
+        mean_s = total / n
+        return StageRow(stage, mean_s, total / step_total if step_total > 0 else None, util,
+                        mean_s * (1.0 - util / 100.0) if util is not None else None)
+
+    out = []
+    covered = 0.0
+    for st in STEP_STAGES:
+        key = f"timing_s/{st}"
+        if any(key in r for r in train):
+            total = sum(r.get(key, 0.0) for r in train)
+            covered += total
+            out.append(row(st, total, f"perf/gpu_util/{st}"))
+    out.append(row("other", max(step_total - covered, 0.0), None))
+    out.append(row("step", step_total, "perf/gpu_util/mean"))
+    for st in OUTSIDE_STAGES:
+        key = f"timing_s/{st}"
+        if any(key in r for r in rows):
+            out.append(row(st, sum(r.get(key, 0.0) for r in rows), f"perf/gpu_util/{st}"))
+    return out
+
+
+SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("time per step (s)", "timing_s/step", "mean"),
+    ("throughput (tokens/s/GPU)", "perf/throughput", "mean"),
+    ("tokens per hour (whole job)", "perf/tokens_per_hour", "mean"),
+    ("GPU utilisation (%)", "perf/gpu_util/mean", "mean"),
+    ("GPU idle ratio (samples < 5 % util)", "perf/idle_ratio", "mean"),
+    ("MFU, actor update", "perf/mfu/actor", "mean"),
+    ("GPU sampler CPU overhead (s per s)", "perf/gpu_sampler_overhead", "mean"),
+    ("peak GPU memory allocated (GB)", "perf/max_memory_allocated_gb", "max"),
+)
+"""(label, metric, how it is combined over the training steps) of the summary table."""
+
+
+def summary(rows: list[dict[str, float]]) -> list[tuple[str, str, float | None]]:
+    """``(label, metric, value)`` per :data:`SUMMARY_KEYS`; value None when the metric is absent."""
+    train = [r for r in rows if "timing_s/step" in r]
+    out = []
+    for label, key, how in SUMMARY_KEYS:
+        vals = [r[key] for r in train if key in r and math.isfinite(r[key])]
+        value = (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else None
+        out.append((label, key, value))
+    return out
+
+
+def fmt(v: float | None, pct: bool = False) -> str:
+    """The report's number format: 4 significant digits; shares as percentages; None as ``-``."""
+    if v is None:
+        return "-"
+    return f"{100 * v:.4g}%" if pct else f"{v:.4g}"
+
+
+def render_markdown(run: RunData, plots: list[tuple[str, str | None, str]]) -> str:
+    """``report.md``: headline, summary, stage table, then each plot (or why it is missing).
+
+    ``plots``: ``(title, file name or None, note)``.
+    """
+    train = run.train_rows
+    table = stage_table(run.rows)
+    lines = [f"# Performance report: {run.run_dir}", ""]
+    lines += [f"{len(train)} training steps (steps {int(train[0]['step'])}..{int(train[-1]['step'])})"
+              if train else "No training steps (no `timing_s/step` in metrics.jsonl).", ""]
+    lines += _headline(table)
+    lines += ["## Summary", "", "| metric | value | source |", "|---|---|---|"]
+    for label, key, value in summary(run.rows):
+        lines.append(f"| {label} | {fmt(value)} | `{key}` |")
+    lines += ["", "## Stages", "",
+              "Mean over the training steps. `share` is of the step time; `GPU idle s/step` = "
+              "`mean s/step x (1 - GPU util / 100)`; `other` is step time outside every stage; "
+              "`testing` runs outside the step.", "",
+              "| stage | mean s/step | share | GPU util % | GPU idle s/step |", "|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r.stage} | {fmt(r.mean_s)} | {fmt(r.share, pct=True)} | {fmt(r.gpu_util)} | {fmt(r.idle_s)} |")
+    lines += ["", "## Plots", ""]
+    for title, name, note in plots:
+        lines += [f"### {title}", "", f"![{title}]({name})" if name else f"Skipped: {note}", ""]
+        if name and note:
+            lines += [note, ""]
+    if not run.traces:
+        lines += ["No stage trace (run with `trainer.profile=true` to get `trace/rank<R>.json`).", ""]
+    return "\n".join(lines)
+
+
+def _headline(table: list[StageRow]) -> list[str]:
+    stages = [r for r in table if r.stage not in ("step", *OUTSIDE_STAGES)]
+    if not stages:
+        return []
+    top = max(stages, key=lambda r: r.mean_s)
+    out = [f"**Most time:** `{top.stage}`, {fmt(top.share, pct=True)} of the step."]
+    idle = [r for r in stages if r.idle_s is not None]
+    if idle:
+        worst = max(idle, key=lambda r: r.idle_s or 0.0)
+        out.append(f" **Most idle GPU time:** `{worst.stage}`, {fmt(worst.idle_s)} s per step "
+                   f"(GPU util {fmt(worst.gpu_util)} %).")
+    else:
+        out.append(" No GPU utilisation in the metrics (a CPU run, or no NVML).")
+    return ["".join(out), ""]
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``report.md`` and the plots; return the path of ``report.md``.
+
+    Raises:
+        RLForgeError: matplotlib is missing (``pip install rlforge[bench]``), or the run
+            directory is missing or malformed (see :func:`load_run`).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise RLForgeError("`rlforge perf report` draws its plots with matplotlib, which is not installed: "
+                           "pip install 'rlforge[bench]'") from None
+    matplotlib.use("Agg")
+    from rlforge.perf.plots import draw_all
+
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else run.run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    plots = draw_all(run, out)
+    path = out / "report.md"
+    path.write_text(render_markdown(run, plots), encoding="utf-8")
+    return path

@@ -1,0 +1,180 @@
+"""``rlforge perf report``: the files it writes, its table against the input, and its errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from trace_schema import check_trace_schema  # noqa: E402
+
+from rlforge.cli import main  # noqa: E402
+from rlforge.errors import DataError, RLForgeError  # noqa: E402
+from rlforge.perf.report import load_metrics, write_report  # noqa: E402
+
+pytest.importorskip("matplotlib")
+
+PLOT_FILES = ("stage_breakdown.png", "gpu_util.png", "timeline.png", "reward.png", "validation.png",
+              "response_length.png")
+
+
+def parse_table(md: str, header_start: str) -> dict[str, list[str]]:
+    """Rows of the markdown table whose header starts with ``header_start``: first cell -> other cells."""
+    lines = md.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(header_start))
+    rows = {}
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def num(cell: str) -> float | None:
+    if cell == "-":
+        return None
+    return float(cell[:-1]) / 100 if cell.endswith("%") else float(cell)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+HAND_ROWS = [
+    {"step": 0, "val-core/a/reward/mean@1": 0.25, "timing_s/testing": 2.0},
+    {"step": 1, "timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/reward": 0.5, "timing_s/old_log_prob": 1.0,
+     "timing_s/update_actor": 2.0, "perf/gpu_util/mean": 50.0, "perf/gpu_util/gen": 40.0,
+     "perf/gpu_util/update_actor": 90.0, "perf/idle_ratio": 0.4, "perf/throughput": 1000.0,
+     "perf/tokens_per_hour": 3.6e6, "critic/score/mean": 0.1, "response_length/mean": 100.0},
+    {"step": 2, "timing_s/step": 14.0, "timing_s/gen": 8.0, "timing_s/reward": 0.5, "timing_s/old_log_prob": 1.5,
+     "timing_s/update_actor": 3.0, "perf/gpu_util/mean": 60.0, "perf/gpu_util/gen": 50.0,
+     "perf/idle_ratio": 0.2, "perf/throughput": 800.0, "perf/tokens_per_hour": 2.88e6, "critic/score/mean": "nan",
+     "response_length/mean": 120.0, "timing_s/testing": 4.0, "val-core/a/reward/mean@1": 0.5},
+]
+
+
+def test_report_table_equals_hand_computed_values(tmp_path: Path):
+    write_jsonl(tmp_path / "metrics.jsonl", HAND_ROWS)
+    path = write_report(tmp_path)
+    assert path == tmp_path / "report" / "report.md"
+    md = path.read_text()
+    stages = parse_table(md, "| stage |")
+    approx = lambda x: pytest.approx(x, rel=1e-3)  # noqa: E731  (4 significant digits)
+    # gen: (6 + 8) / 2 steps = 7 s; share 14 / 24; util mean(40, 50) = 45; idle 7 x 0.55
+    assert [num(c) for c in stages["gen"]] == [approx(7.0), approx(14 / 24), approx(45.0), approx(7 * 0.55)]
+    # update_actor: util only at step 1
+    assert [num(c) for c in stages["update_actor"]] == [approx(2.5), approx(5 / 24), approx(90.0), approx(0.25)]
+    assert [num(c) for c in stages["reward"]] == [approx(0.5), approx(1 / 24), None, None]
+    # other = step - stages = (10 - 9.5) + (14 - 13) = 1.5 over 2 steps
+    assert num(stages["other"][0]) == approx(0.75)
+    assert [num(c) for c in stages["step"]] == [approx(12.0), approx(1.0), approx(55.0), approx(12 * 0.45)]
+    # testing ran at steps 0 and 2 (outside the step): 6 s over 2 training steps
+    assert [num(c) for c in stages["testing"][:2]] == [approx(3.0), approx(6 / 24)]
+    assert list(stages) == ["gen", "reward", "old_log_prob", "update_actor", "other", "step", "testing"]
+    summary = parse_table(md, "| metric |")
+    assert num(summary["time per step (s)"][0]) == approx(12.0)
+    assert num(summary["throughput (tokens/s/GPU)"][0]) == approx(900.0)
+    assert num(summary["GPU utilisation (%)"][0]) == approx(55.0)
+    assert num(summary["GPU idle ratio (samples < 5 % util)"][0]) == approx(0.3)
+    assert summary["MFU, actor update"][0] == "-"
+    assert "**Most time:** `gen`" in md and "**Most idle GPU time:** `gen`" in md
+    for name in ("stage_breakdown.png", "gpu_util.png", "reward.png", "validation.png", "response_length.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 1000, name
+        assert f"]({name})" in md
+    # no trace: the timeline is skipped with a line saying why
+    assert not (tmp_path / "report" / "timeline.png").exists()
+    assert "Skipped: no stage trace: run with `trainer.profile=true`" in md
+
+
+def test_plots_without_data_are_skipped_with_a_line(tmp_path: Path):
+    write_jsonl(tmp_path / "metrics.jsonl", [{"step": 1, "timing_s/step": 1.0, "timing_s/gen": 0.5}])
+    md = write_report(tmp_path, tmp_path / "out").read_text()
+    assert (tmp_path / "out" / "stage_breakdown.png").exists()
+    for fragment in ("no GPU utilisation", "no `critic/score/mean`", "no `val-core/.../mean@N`",
+                     "no `response_length/mean`", "no stage trace"):
+        assert f"Skipped: {fragment}" in md, fragment
+    assert "No GPU utilisation in the metrics" in md
+
+
+def test_gpu_samples_and_trace_are_plotted(tmp_path: Path):
+    write_jsonl(tmp_path / "metrics.jsonl", HAND_ROWS)
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    write_jsonl(trace / "gpu_samples_rank0.jsonl",
+                [{"time_s": 100.0 + 0.1 * i, "device": 0, "util_pct": float(i % 100), "memory_used_gb": 1.0}
+                 for i in range(50)])
+    events = [{"name": n, "ph": "X", "pid": 0, "tid": 0, "ts": 100e6 + a * 1e6, "dur": d * 1e6, "args": {"step": 1}}
+              for n, a, d in (("step", 0, 4), ("gen", 0, 3), ("update_actor", 3, 1))]
+    (trace / "rank0.json").write_text(json.dumps({"traceEvents": events}))
+    md = write_report(tmp_path).read_text()
+    assert (tmp_path / "report" / "timeline.png").exists() and "](timeline.png)" in md
+    assert (tmp_path / "report" / "gpu_util.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ('{"step": 1, "timing_s/step": 1.0}\n{"step": 2, "timing_s/st\n', "line 2: not valid JSON"),
+        ('{"step": 1}\n[1, 2]\n', "line 2: expected a JSON object"),
+        ('{"timing_s/step": 1.0}\n', "line 1: no integer 'step' field"),
+        ('{"step": 1, "timing_s/step": "fast"}\n', "line 1: metric 'timing_s/step' is 'fast', not a number"),
+        ("", "has no metrics"),
+    ],
+)
+def test_malformed_metrics_name_file_and_line(tmp_path: Path, content: str, fragment: str):
+    (tmp_path / "metrics.jsonl").write_text(content)
+    with pytest.raises(DataError) as e:
+        load_metrics(tmp_path / "metrics.jsonl")
+    assert str(tmp_path / "metrics.jsonl") in str(e.value) and fragment in str(e.value)
+
+
+def test_missing_run_dir_and_metrics_file(tmp_path: Path):
+    with pytest.raises(RLForgeError, match="does not exist"):
+        write_report(tmp_path / "nope")
+    with pytest.raises(RLForgeError, match=r"metrics.jsonl not found.*trainer.logger"):
+        write_report(tmp_path)
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch):
+    write_jsonl(tmp_path / "metrics.jsonl", HAND_ROWS)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(RLForgeError, match=r"pip install 'rlforge\[bench\]'"):
+        write_report(tmp_path)
+
+
+def test_report_of_a_tiny_profiled_run(tmp_path: Path, capsys):
+    """`rlforge train ... trainer.profile=true` then `rlforge perf report`: the report's numbers
+    are the run's metrics, and the trace is a valid Trace Event Format file."""
+    run = tmp_path / "run"
+    rc = main(["train", "actor_rollout_ref.model.path=preset:tiny", "trainer.device=cpu",
+               "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.profile=true",
+               f"trainer.default_local_dir={run}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+               "data.max_response_length=4", "data.val_batch_size=4", "data.builtin.val_size=4",
+               "data.builtin.train_size=16", "trainer.test_freq=1"])
+    assert rc == 0
+    assert main(["perf", "report", str(run)]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "timing_s/step" in r]
+    assert len(train) == 2
+    for r in train:  # a CPU run: GPU metrics absent, not zero
+        assert not any(k.startswith("perf/gpu_util") or k == "perf/idle_ratio" for k in r)
+        assert r["perf/tokens_per_hour"] == pytest.approx(r["perf/total_num_tokens"] / r["timing_s/step"] * 3600)
+    md = (run / "report" / "report.md").read_text()
+    stages = parse_table(md, "| stage |")
+    for stage in ("gen", "reward", "old_log_prob", "adv", "update_actor", "step"):
+        expected = sum(r[f"timing_s/{stage}"] for r in train) / 2
+        assert num(stages[stage][0]) == pytest.approx(expected, rel=1e-3), stage
+    for name in ("stage_breakdown.png", "timeline.png", "reward.png", "validation.png", "response_length.png"):
+        assert (run / "report" / name).exists(), name
+    trace = json.loads((run / "trace" / "rank0.json").read_text())
+    complete = check_trace_schema(trace)
+    assert {e["name"] for e in complete} >= {"step", "gen", "reward", "old_log_prob", "update_actor", "testing"}
+    assert sorted({e["args"]["step"] for e in complete}) == [0, 1, 2]
+    for r in train:  # each step's trace durations are its timing_s values (µs vs s)
+        step_events = [e for e in complete if e["args"]["step"] == r["step"] and e["name"] == "gen"]
+        assert sum(e["dur"] for e in step_events) / 1e6 == pytest.approx(r["timing_s/gen"], rel=1e-4)
