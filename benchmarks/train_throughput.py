@@ -23,6 +23,16 @@ Rows (``--rows``):
   dyn-ckpt-offload  both
   fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun)
   fsdp2-dyn-ckpt  the same with gradient checkpointing
+
+Log-prob implementation (``--head``, each row runs once per entry, side by side):
+  chunked     the chunked LM head (``use_fused_kernels``, the default; ``--chunk-size`` positions
+              per chunk): the model runs without its head, log-probs/entropy come from the
+              response positions' hidden states, never a (tokens, vocab) logits tensor
+  plain       the model's full logits over every position, then log-softmax (the old path)
+
+``--profile`` runs torch.profiler over one more step of every row and prints the 15 GPU
+kernels with the most total time (name, calls, total ms, % of the step's wall time) and the
+step's peak allocated memory (on CPU: the 15 ops with the most self CPU time).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import numpy as np
 import torch
 
 from rlforge.batch import Batch
-from rlforge.config import ActorConfig, FSDPConfig, OptimConfig
+from rlforge.config import ActorConfig, FSDPConfig, FusedKernelOptions, OptimConfig
 from rlforge.engine import ENGINES
 from rlforge.engine.distributed import init_distributed
 from rlforge.models import load_causal_lm, load_tokenizer
@@ -78,7 +88,52 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, world: int) -> dict:
+def _kernel_table(prof, cuda: bool, n: int = 15) -> list[tuple[str, int, float]]:
+    """``(name, calls, total ms)`` of the ``n`` GPU kernels (CPU: ops by self time) with the most time."""
+    if not cuda:
+        avgs = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:n]
+        return [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in avgs]
+    from torch.autograd import DeviceType
+
+    acc: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            t = acc.setdefault(e.name, [0, 0.0])
+            t[0] += 1
+            t[1] += e.time_range.elapsed_us() / 1e3
+    top = sorted(acc.items(), key=lambda kv: kv[1][1], reverse=True)[:n]
+    return [(name, int(c), ms) for name, (c, ms) in top]
+
+
+def profile_step(label: str, step, step_args: tuple, rank: int) -> None:
+    """One ``step(*step_args)`` under torch.profiler; rank 0 prints the kernel table and peak memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    _sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step(*step_args)
+        _sync()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    if rank != 0:
+        return
+    peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0
+    table = _kernel_table(prof, cuda)
+    busy = sum(ms for _, _, ms in _kernel_table(prof, cuda, n=10**9))
+    print(f"\n  profile {label}: step {wall_ms:.0f} ms (under the profiler), peak {peak:.1f} GB, "
+          f"{'GPU kernels' if cuda else 'CPU ops'} {busy:.0f} ms in all", flush=True)
+    print(f"  {'kernel' if cuda else 'op':<90} {'calls':>6} {'total ms':>9} {'% step':>7}", flush=True)
+    for name, calls, ms in table:
+        print(f"  {name[:90]:<90} {calls:>6} {ms:>9.1f} {ms / wall_ms:>7.1%}", flush=True)
+    print(flush=True)
+
+
+def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args, device, world: int,
+            rank: int) -> dict:
     parts = row.split("-")
     dyn = "dyn" in parts
     remove_padding = dyn or parts[0] == "fixedrm"
@@ -94,7 +149,7 @@ def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, w
     )
     cfg = ActorConfig(ppo_mini_batch_size=len(batch), ppo_epochs=1)
     actor = Actor(engine, cfg, len(batch), micro, micro, max_token_len=args.budget if dyn else None,
-                  remove_padding=remove_padding)
+                  remove_padding=remove_padding, head_chunk_size=args.chunk_size if head == "chunked" else 0)
     loss_fn = actor._loss_fn(1.0)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -106,13 +161,16 @@ def run_row(row: str, base_model: torch.nn.Module, batch: Batch, args, device, w
         _sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+    peak_mem = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0
+    if args.profile:
+        profile_step(f"{row} {head}", engine.train_step, (batch, loss_fn, micro, args.budget if dyn else None), rank)
     t = float(np.median(times))
     seqlens = batch["attention_mask"].sum(-1).tolist()
     flops = 3.0 * forward_flops(base_model.config, seqlens) * world
     peak = device_peak_flops(device) or 989e12
     tokens = float(sum(seqlens)) * world
     out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops / t / (peak * world),
-           "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0}
+           "peak_mem_gb": peak_mem}
     del engine, actor, module
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -130,7 +188,16 @@ def main() -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
     p.add_argument("--attn", default="flex_attention",
                    help="attention implementation of the packed rows ('' = the model's default, sdpa)")
+    p.add_argument("--head", default="chunked,plain",
+                   help="log-prob implementations to time, comma-separated: chunked (LM head in chunks) and/or plain")
+    p.add_argument("--chunk-size", type=int, default=FusedKernelOptions().chunk_size,
+                   help="positions per chunk of the chunked head (fused_kernel_options.chunk_size)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one more step of every row: top-15 GPU kernels by total time and peak memory")
     args = p.parse_args()
+    heads = [h for h in args.head.split(",") if h]
+    if not heads or any(h not in ("chunked", "plain") for h in heads):
+        p.error(f"--head {args.head!r}: expected a comma-separated subset of chunked,plain")
     dev_type = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script only
     info = init_distributed(dev_type) if "WORLD_SIZE" in os.environ else None
     device = info.device if info else torch.device(dev_type)
@@ -143,16 +210,18 @@ def main() -> int:
         if rank == 0:
             print(f"\n{model_name}: {world} GPU(s), {args.seqs} seqs/GPU, valid tokens/GPU {int(lens.sum())}, "
                   f"padded {batch['input_ids'].numel()}, max len {int(lens.max())}, budget {args.budget}", flush=True)
-            print(f"{'row':<18} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8}", flush=True)
+            print(f"{'row':<18} {'head':<8} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8}", flush=True)
         for row in args.rows.split(","):
-            try:
-                r = run_row(row, base, batch, args, device, world)
-                line = f"{row:<18} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} {r['peak_mem_gb']:>8.1f}"
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                line = f"{row:<18} out of memory"
-            if rank == 0:
-                print(line, flush=True)
+            for head in heads:
+                try:
+                    r = run_row(row, head, base, batch, args, device, world, rank)
+                    line = (f"{row:<18} {head:<8} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
+                            f"{r['peak_mem_gb']:>8.1f}")
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    line = f"{row:<18} {head:<8} out of memory"
+                if rank == 0:
+                    print(line, flush=True)
         del base
     return 0
 

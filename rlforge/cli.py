@@ -2,6 +2,7 @@
 
     rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value ...]
     rlforge data gsm8k --src DIR --out DIR
+    rlforge perf report RUN_DIR [--out DIR]
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
 (``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  A user mistake prints
@@ -71,6 +72,12 @@ def _build_parser() -> argparse.ArgumentParser:
     g = dsub.add_parser("gsm8k", help="convert the official GSM8K jsonl files to verl-format parquet")
     g.add_argument("--src", required=True, help="folder with train.jsonl and test.jsonl")
     g.add_argument("--out", required=True, help="output folder for train.parquet and test.parquet")
+    pf = sub.add_parser("perf", help="performance tools")
+    psub = pf.add_subparsers(dest="perf_command", required=True)
+    r = psub.add_parser("report", help="stage times, GPU utilisation and training curves of a run",
+                        description="Write report.md and PNG plots from RUN_DIR/metrics.jsonl and RUN_DIR/trace/.")
+    r.add_argument("run_dir", help="the run's trainer.default_local_dir")
+    r.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     return p
 
 
@@ -84,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
-    _quiet_libraries()
+    if args.command != "perf":  # the report needs neither torch's nor transformers' start-up
+        _quiet_libraries()
     try:
         if args.command == "train":
             job = None if args.job in ("none", "") else args.job
@@ -95,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts = convert_gsm8k(args.src, args.out)
             for split, n in counts.items():
                 print(f"wrote {n} rows to {os.path.join(args.out, split + '.parquet')}")
+            return 0
+        if args.command == "perf":
+            from rlforge.perf.report import write_report
+
+            path = write_report(args.run_dir, args.out)
+            print(f"wrote {path} and its plots")
             return 0
     except RLForgeError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ overrides), :func:`validate_config` (cross-field checks and warnings), :func:`fo
 
     cfg.data                          DataConfig (data.py); cfg.data.builtin: BuiltinTaskConfig
     cfg.actor_rollout_ref             ActorRolloutRefConfig (actor.py)
-        .model                        ModelConfig
+        .model                        ModelConfig; .fused_kernel_options FusedKernelOptions
         .actor                        ActorConfig; .policy_loss PolicyLossConfig; .optim OptimConfig;
                                       .checkpoint CheckpointConfig; .fsdp_config FSDPConfig; .megatron MegatronConfig
         .ref                          RefConfig
@@ -22,6 +22,7 @@ from rlforge.config.actor import (
     DEFAULT_MODEL,
     ActorConfig,
     ActorRolloutRefConfig,
+    FusedKernelOptions,
     ModelConfig,
     PolicyLossConfig,
     RefConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "DataConfig",
     "FSDPConfig",
     "FilterGroupsConfig",
+    "FusedKernelOptions",
     "KLControlConfig",
     "MegatronConfig",
     "ModelConfig",

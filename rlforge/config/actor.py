@@ -18,6 +18,19 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
+class FusedKernelOptions:
+    """Options of the fused log-prob/entropy head (``actor_rollout_ref.model.fused_kernel_options``)."""
+
+    impl_backend: str = "torch"
+    """Implementation: ``torch`` (plain-torch chunks, :mod:`rlforge.roles.fused_head`); verl's
+    ``triton`` is accepted and runs as ``torch``."""
+    chunk_size: int = 2048
+    """Response positions (tokens) per chunk; >= 1.  Not a verl key.  Extra memory while the
+    head runs is about 3 x chunk_size x vocab_size x 4 bytes (2048 x 151,936: ~3.7 GB); larger
+    chunks make fewer, bigger matmuls."""
+
+
+@dataclass
 class ModelConfig:
     """The policy model (``actor_rollout_ref.model``)."""
 
@@ -49,10 +62,16 @@ class ModelConfig:
     """Modules excluded from LoRA (regex or list); None = none."""
     use_liger: bool = False
     """Use Liger kernels."""
-    use_fused_kernels: bool = False
-    """Fused log-prob/entropy kernels from the LM head."""
-    fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
-    """Free-form options of the fused kernels."""
+    use_fused_kernels: bool = True
+    """Compute log-probs and entropy of the actor and the reference from the LM head in chunks of
+    ``fused_kernel_options.chunk_size`` response positions, never materialising the
+    ``(tokens, vocab)`` logits of the whole sequence (:mod:`rlforge.roles.fused_head`); false =
+    the model's full logits.  Default true, unlike verl's false: the chunked head gives the same
+    log-probs and gradients (to float rounding) and needs no model patching.  Models whose logits
+    are not exactly ``lm_head(hidden)`` (soft-capping, scaling) use the full logits with a warning;
+    ``strategy=megatron`` keeps its own vocabulary-parallel path."""
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    """Options of the fused (chunked) head."""
     trust_remote_code: bool = False
     """Allow model code from the repository to run."""
 
@@ -175,6 +194,16 @@ class ActorConfig:
     """Free-form profiler settings (verl ``profiler.*``)."""
 
 
+def _ref_megatron() -> MegatronConfig:
+    """The reference's ``megatron`` block: tensor/pipeline/virtual-pipeline sizes follow the actor's."""
+    actor = "actor_rollout_ref.actor.megatron"
+    return MegatronConfig(
+        tensor_model_parallel_size=II(f"{actor}.tensor_model_parallel_size"),
+        pipeline_model_parallel_size=II(f"{actor}.pipeline_model_parallel_size"),
+        virtual_pipeline_model_parallel_size=II(f"{actor}.virtual_pipeline_model_parallel_size"),
+    )
+
+
 @dataclass
 class RefConfig:
     """Frozen reference policy for KL (``actor_rollout_ref.ref``)."""
@@ -201,8 +230,8 @@ class RefConfig:
     """Separate reference model settings; None = same as ``actor_rollout_ref.model``."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings."""
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
-    """Megatron settings."""
+    megatron: MegatronConfig = field(default_factory=lambda: _ref_megatron())
+    """Megatron settings; the parallel sizes default to the actor's (as verl's ``megatron_ref.yaml``)."""
     profiler: dict[str, Any] = field(default_factory=dict)
     """Free-form profiler settings."""
 

@@ -17,10 +17,10 @@ from typing import Any
 from rlforge.config.common import MegatronConfig
 from rlforge.errors import ConfigError
 
-SUPPORTED_LOGGERS = ("console", "file")
-"""``trainer.logger`` entries this build runs."""
+SUPPORTED_LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
+"""``trainer.logger`` entries this build runs (wandb and mlflow when their package is installed)."""
 
-VERL_LOGGERS = ("wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "clearml", "trackio")
+VERL_LOGGERS = ("swanlab", "vemlp_wandb", "clearml", "trackio")
 """verl's other loggers: accepted with a warning and skipped; any other name is an error."""
 
 
@@ -42,21 +42,32 @@ class LaterWork:
 
 
 _NOT_HERE = "{key}={value} is not available in this single-process build; ignored"
-_SHARDING = "{key}={value} has no effect in this single-process build (sharding/offload is later work); ignored"
 
 
-def _sharding_rows(node: str, cls: type) -> list[LaterWork]:
-    """One row per leaf of an FSDP/Megatron block at ``node``, matching when it differs from the default."""
+MEGATRON_IMPLEMENTED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                        "virtual_pipeline_model_parallel_size", "sequence_parallel", "param_offload",
+                        "optimizer_offload", "dtype")
+"""``megatron.*`` fields that ``strategy=megatron`` (PyTorch TP/PP/FSDP2) implements."""
+
+_MEGATRON_LATER = ("{key}={value} is not implemented by strategy=megatron (PyTorch tensor/pipeline parallelism "
+                   "and FSDP2, not Megatron-LM); ignored")
+
+
+def _megatron_rows(node: str, strategy_key: str) -> list[LaterWork]:
+    """One row per field of the ``megatron`` block at ``node``: the implemented ones warn when
+    set while ``strategy_key`` is not ``megatron``; the others whenever they differ from the default."""
     rows: list[LaterWork] = []
-    default = cls()
-    for f in dataclasses.fields(cls):
-        value = getattr(default, f.name)
-        if dataclasses.is_dataclass(value):
-            for sub in dataclasses.fields(value):
-                dv = getattr(value, sub.name)
-                rows.append(LaterWork(f"{node}.{f.name}.{sub.name}", lambda v, d=dv: v != d, _SHARDING))
+    default = MegatronConfig()
+    for f in dataclasses.fields(MegatronConfig):
+        d = getattr(default, f.name)
+        key = f"{node}.{f.name}"
+        if f.name in MEGATRON_IMPLEMENTED:
+            rows.append(LaterWork(
+                key, lambda v, d=d: v[0] != "megatron" and v[1] != d,
+                "{key}={value[1]} only applies with " + strategy_key + "=megatron; ignored",
+                lambda c, k=key: (get_key(c, strategy_key), get_key(c, k))))
         else:
-            rows.append(LaterWork(f"{node}.{f.name}", lambda v, d=value: v != d, _SHARDING))
+            rows.append(LaterWork(key, lambda v, d=d: v != d, _MEGATRON_LATER))
     return rows
 
 
@@ -65,21 +76,30 @@ _ARR = "actor_rollout_ref"
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
               "{key}={value} is not available in this build; using hf (or try rollout.name=native)"),
-    LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v > 1,
-              "{key}={value}: tensor-parallel rollout is not available in this build; using 1"),
-    LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v != 0.5,
-              "{key}={value} only applies to vLLM/SGLang rollout; ignored"),
+    LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,
+              "{key}={value[1]}: tensor-parallel rollout is not available in this build; using 1",
+              lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size)),
+    LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] != "native" and v[1] != 0.5,
+              "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",
+              lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.gpu_memory_utilization)),
+    LaterWork(f"{_ARR}.rollout.enforce_eager", lambda v: v[0] != "native" and v[1],
+              "{key}=True only applies to the native rollout's CUDA graphs; ignored by hf",
+              lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.enforce_eager)),
     LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: bool(v), _NOT_HERE,
               lambda c: c.actor_rollout_ref.rollout.multi_turn.get("enable", False)),
     LaterWork(f"{_ARR}.hybrid_engine", lambda v: v is False, "{key}=False is not available; actor and rollout share one process"),
-    LaterWork(f"{_ARR}.actor.strategy", lambda v: v == "megatron", "{key}=megatron is not available in this build; using fsdp"),
-    LaterWork("critic.strategy", lambda v: v == "megatron", "{key}=megatron is not available in this build; using fsdp"),
+    LaterWork(f"{_ARR}.model.use_remove_padding", lambda v: v[0] and v[1] == "megatron",
+              "{key}=True has no effect with strategy=megatron (pipeline micro-batches are padded to one shape); "
+              "using padded forwards", lambda c: (c.actor_rollout_ref.model.use_remove_padding,
+                                                  c.actor_rollout_ref.actor.strategy)),
     LaterWork(f"{_ARR}.actor.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v is True, _NOT_HERE),
-    *_sharding_rows(f"{_ARR}.actor.megatron", MegatronConfig),
-    *_sharding_rows(f"{_ARR}.ref.megatron", MegatronConfig),
-    *_sharding_rows("critic.megatron", MegatronConfig),
+    LaterWork(f"{_ARR}.model.fused_kernel_options.impl_backend", lambda v: v == "triton",
+              "{key}={value}: this build has only the plain-torch chunked head; using torch"),
+    *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),
+    *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.ref.strategy"),
+    *_megatron_rows("critic.megatron", "critic.strategy"),
 )
 """Every accepted-but-not-effective key; the only place this list lives."""
 

@@ -49,21 +49,24 @@ class RolloutConfig:
     dtype: str = "bfloat16"
     """Dtype of the rollout model weights: ``bfloat16`` | ``float16`` | ``float32``."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory the backend may reserve (vLLM/SGLang only)."""
+    """Fraction of the GPU's total memory the rollout may hold for weights plus KV cache, as in
+    vLLM (``native``; the KV cache is also capped at what every row needs at full length)."""
     ignore_eos: bool = False
     """Keep generating past EOS until ``response_length``."""
     enforce_eager: bool = False
-    """Disable CUDA graphs in the backend."""
+    """Disable CUDA graphs in the backend (``native``: decode runs eagerly)."""
     cudagraph_capture_sizes: Any = None
     """Batch sizes captured as CUDA graphs (list of int); None = backend default."""
     free_cache_engine: bool = True
-    """Release the KV cache after each rollout."""
+    """Release the KV cache (and CUDA graphs) after each rollout so training gets the memory back;
+    ``native`` logs the cost as ``rollout/wake_s`` and ``rollout/sleep_s``."""
     load_format: str = "dummy_dtensor"
     """How the backend receives initial weights (vLLM only)."""
     layered_summon: bool = False
     """Gather FSDP weights layer by layer when syncing to the backend."""
     tensor_model_parallel_size: int = 2
-    """Tensor-parallel degree of the rollout engine."""
+    """Tensor-parallel degree of the rollout engine (verl's default 2).  ``native`` runs one
+    model copy per GPU and stops with a clear message when this is above 1."""
     max_num_batched_tokens: int = 8192
     """Maximum tokens in one scheduler step of the backend."""
     max_model_len: int | None = None
@@ -93,7 +96,8 @@ class RolloutConfig:
     multi_stage_wake_up: bool = False
     """Load backend weights and KV cache in stages to lower peak memory."""
     calculate_log_probs: bool = False
-    """Return the rollout's own log-probs with each response (for debugging/correction)."""
+    """Return the rollout's own log-probs with each response as ``rollout_log_probs`` ``(batch,
+    response_len)`` float32 nats, of ``softmax(logits / temperature)`` (``native`` only)."""
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
     """Free-form backend keyword arguments, per backend name."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)

@@ -20,8 +20,10 @@ class TrainerConfig:
     experiment_name: str = "default"
     """Run name for loggers and checkpoint paths (verl: ``gsm8k``)."""
     logger: list[str] = field(default_factory=lambda: ["console"])
-    """Loggers: ``console`` | ``file`` (JSONL) here; ``wandb``/``mlflow``/``tensorboard`` are skipped with a warning.
-    verl defaults to ``[console, wandb]``; rlforge defaults to ``[console]``."""
+    """Loggers: ``console`` | ``file`` (``metrics.jsonl``) | ``tensorboard`` (``tensorboard/``) | ``wandb``
+    (offline unless ``WANDB_MODE`` is set) | ``mlflow`` (``mlruns/`` unless ``MLFLOW_TRACKING_URI`` is set), all
+    under ``default_local_dir``.  verl's other loggers are skipped with a warning.  verl defaults to
+    ``[console, wandb]``; rlforge defaults to ``[console]``."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) logged per validation; 0 = none."""
     rollout_data_dir: str | None = None
@@ -62,5 +64,15 @@ class TrainerConfig:
     """Seconds to wait for Ray workers (accepted; rlforge does not use Ray)."""
     device: str = "auto"
     """``auto`` (cuda if available else cpu) | ``cuda`` | ``cuda:<i>`` | ``cpu``.  rlforge addition; verl's default is ``cuda``."""
+    profile: bool = False
+    """rlforge addition: write a Chrome/Perfetto trace of every timed stage on every rank to
+    ``<default_local_dir>/trace/rank<R>.json`` (open it in ui.perfetto.dev), and on a GPU every
+    utilisation sample to ``trace/gpu_samples_rank<R>.jsonl``.  ``rlforge perf report`` reads both."""
+    profile_steps: list[int] | None = None
+    """Global steps (1-based) recorded with ``torch.profiler`` (CPU and CUDA activities) into
+    ``<default_local_dir>/trace/torch_rank<R>_step<N>.json``; None = none.  verl uses this key for Nsight."""
+    gpu_sample_interval_s: float = 0.1
+    """rlforge addition: seconds between NVML samples of this rank's GPU (utilisation, memory, power),
+    giving ``perf/gpu_util/*`` and ``perf/idle_ratio``; 0 = no sampling.  No effect without a GPU."""
     use_legacy_worker_impl: str = "auto"
     """verl worker implementation switch (accepted; no effect)."""

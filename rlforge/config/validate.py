@@ -39,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     f"{_ARR}.actor.strategy": _STRATEGIES,
     "critic.strategy": _STRATEGIES,
     f"{_ARR}.actor.policy_loss.flowrl.reward": ("group_norm", "raw"),
+    f"{_ARR}.model.fused_kernel_options.impl_backend": ("torch", "triton"),
 }
 """Keys whose value must be one of a fixed set (registry-backed keys are checked by their registry)."""
 
@@ -82,7 +83,25 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         raise ConfigError(f"algorithm.adv_estimator=grpo_passk needs a second-best response per prompt; "
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
+    _check_megatron(cfg)
     return _warnings(cfg)
+
+
+def _check_megatron(cfg: RLForgeConfig) -> None:
+    """``strategy=megatron``: the parallel sizes of each such role must fit the launched world
+    (``trainer.nnodes * trainer.n_gpus_per_node``); the model-dependent checks run when the
+    engine is built (:func:`rlforge.engine.megatron.mesh.check_model_fits`)."""
+    from rlforge.engine.megatron.mesh import parallel_dims
+
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    arr = cfg.actor_rollout_ref
+    blocks = []
+    if arr.actor.strategy == "megatron":
+        blocks += [(f"{_ARR}.actor.megatron", arr.actor.megatron), (f"{_ARR}.ref.megatron", arr.ref.megatron)]
+    if uses_critic(cfg) and cfg.critic.strategy == "megatron":
+        blocks.append(("critic.megatron", cfg.critic.megatron))
+    for key, block in blocks:
+        parallel_dims(block, max(world, 1), key)
 
 
 def _check_policy_loss(cfg: RLForgeConfig) -> None:

@@ -46,6 +46,14 @@ class TrainEngine(ABC):
     device: torch.device
     optimizer: torch.optim.Optimizer | None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    head_readable_after_forward: bool = False
+    """Whether the LM head's full weight can be used after ``module``'s forward returned, inside
+    the same autograd graph (the chunked LM-head log-probs of :mod:`rlforge.roles.fused_head`
+    need it).  False where a wrapper re-shards it (FSDP1) or splits it (tensor parallelism)."""
+    packed_forward: bool = True
+    """Whether forward and loss functions may call ``module`` on packed, padding-free rows
+    (``model.use_remove_padding``).  False where the engine runs the model itself and hands the
+    functions its outputs for the padded micro-batch (``strategy=megatron``)."""
 
     @abstractmethod
     def infer(
@@ -71,6 +79,11 @@ class TrainEngine(ABC):
         if self.scheduler is not None:
             self.scheduler.step()
         return self.lr
+
+    def metrics(self) -> dict[str, float]:
+        """Engine-level metrics of the steps since the last call (e.g. ``parallel/*`` placement);
+        empty by default."""
+        return {}
 
     @property
     def lr(self) -> float:

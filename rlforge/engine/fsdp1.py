@@ -89,6 +89,7 @@ class FSDP1Engine(ShardedEngine):
     """One model sharded with FSDP1; the arguments are :class:`~rlforge.engine.fsdp2.FSDP2Engine`'s."""
 
     strategy = "fsdp"
+    head_readable_after_forward = False  # the root's original parameters are sharded views again after forward
 
     def _shard(self, module: nn.Module, cfg: FSDPConfig, gradient_checkpointing: bool,
                activation_offload: bool) -> nn.Module:

@@ -9,7 +9,11 @@ Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED mod
    ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
    ``reshard_after_forward`` and ``CPUOffloadPolicy`` when ``param_offload`` or
    ``offload_policy``; mesh: 1-D over all ranks, or 2-D (replicate × shard) for HSDP when
-   ``0 < fsdp_size < world``;
+   ``0 < fsdp_size < world``.  The root unit (embeddings, final norm, LM head) is never
+   resharded after forward (FSDP2's own default for the root: backward starts with the head
+   and would all-gather it again at once); the chunked LM-head log-probs
+   (:mod:`rlforge.roles.fused_head`) read the head's unsharded weight after the forward.
+   :meth:`FSDP2Engine.infer` reshards the root when it is done;
 4. explicit prefetch when ``forward_prefetch``: layer ``i`` prefetches layer ``i + 1`` in
    forward and layer ``i - 1`` in backward;
 5. the optimizer (AdamW, over the sharded DTensor parameters) and the LR schedule.
@@ -43,12 +47,13 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from rlforge.batch import Batch
 from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, decoder_layers
-from rlforge.engine.base import ENGINES
+from rlforge.engine.base import ENGINES, ForwardFn
 from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dtype
 
-FORWARD_METHODS = ("forward_with_log_z",)
+FORWARD_METHODS = ("forward_with_log_z", "hidden_with_log_z")
 """Methods besides ``forward`` that callers invoke on the root (``PolicyWithLogZ``); FSDP2
 must unshard around them too."""
 
@@ -71,7 +76,7 @@ def parallelize_fsdp2(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.dev
     layers = decoder_layers(module)
     for layer in layers:
         fully_shard(layer, **kw)
-    fully_shard(module, **kw)
+    fully_shard(module, **{**kw, "reshard_after_forward": None})  # None: the root keeps its params until backward
     for name in FORWARD_METHODS:
         if callable(getattr(module, name, None)):
             register_fsdp_forward_method(module, name)
@@ -105,10 +110,21 @@ class FSDP2Engine(ShardedEngine):
     """
 
     strategy = "fsdp2"
+    head_readable_after_forward = True  # the root unit is not resharded after forward
 
     def _shard(self, module: nn.Module, cfg: FSDPConfig, gradient_checkpointing: bool,
                activation_offload: bool) -> nn.Module:
         return parallelize_fsdp2(module, cfg, self.device, self.mesh, gradient_checkpointing, activation_offload)
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
+              max_token_len: int | None = None) -> dict[str, torch.Tensor]:
+        """As :meth:`ShardedEngine.infer`, then the root unit is resharded (without a backward
+        nothing else frees its parameters, which the root keeps after forward)."""
+        try:
+            return super().infer(batch, forward_fn, micro_batch_size, max_token_len)
+        finally:
+            self.module.reshard()
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]

@@ -40,6 +40,8 @@ class LocalEngine(TrainEngine):
         autocast_dtype: mixed-precision dtype for the forward (None = full float32).
     """
 
+    head_readable_after_forward = True
+
     def __init__(
         self,
         module: torch.nn.Module,
@@ -126,12 +128,13 @@ def local_engine(
     module: torch.nn.Module, device: torch.device, *, fsdp_config: Any = None, optim_cfg: Any | None = None,
     total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
     gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
+    megatron_config: Any = None, role_key: str = "",
 ) -> LocalEngine:
     """Build a :class:`LocalEngine` with the same keyword signature as the FSDP engines.
 
     Checkpointing and activation offload use the same per-layer wrappers as FSDP
-    (:func:`rlforge.engine.activation.apply_activation_wrappers`); ``fsdp_config`` and
-    ``mesh`` are ignored in one process.
+    (:func:`rlforge.engine.activation.apply_activation_wrappers`); ``fsdp_config``,
+    ``megatron_config``, ``role_key`` and ``mesh`` are ignored in one process.
     """
     from rlforge.engine.activation import apply_activation_wrappers
     from rlforge.engine.optim import build_optimizer, build_scheduler

@@ -126,7 +126,7 @@ class ShardedEngine(TrainEngine):
         self, module: nn.Module, device: torch.device, *, fsdp_config: Any = None,
         optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
         param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
-        activation_offload: bool = False, mesh: Any = None,
+        activation_offload: bool = False, mesh: Any = None, megatron_config: Any = None, role_key: str = "",
     ) -> None:
         from rlforge.config.common import FSDPConfig
         from rlforge.engine.distributed import build_mesh, is_initialized

@@ -8,6 +8,7 @@ interfaces.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from rlforge.models.log_z import PolicyWithLogZ
 from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
+from rlforge.roles.fused_head import fused_head_unsupported
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.trainer import spmd
 
@@ -128,18 +130,37 @@ class Job:
 
 def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_config: Any, optim_cfg: Any | None,
             total_steps: int, optim_key: str, grad_clip: float = 1.0, param_groups: Any = None,
-            model_cfg: Any = None) -> TrainEngine:
-    """Build the engine registered as ``name`` (``local``, ``fsdp2``, ``fsdp``) around ``module``."""
+            model_cfg: Any = None, megatron_config: Any = None, role_key: str = "") -> TrainEngine:
+    """Build the engine registered as ``name`` (``local``, ``fsdp2``, ``fsdp``, ``megatron``) around
+    ``module``; ``role_key`` (e.g. ``critic``) is the role's config prefix, named in errors."""
     return ENGINES.get(name)(
         module, device, fsdp_config=fsdp_config, optim_cfg=optim_cfg, total_steps=total_steps, optim_key=optim_key,
-        grad_clip=grad_clip, param_groups=param_groups,
+        grad_clip=grad_clip, param_groups=param_groups, megatron_config=megatron_config, role_key=role_key,
         gradient_checkpointing=bool(model_cfg is not None and model_cfg.enable_gradient_checkpointing),
         activation_offload=bool(model_cfg is not None and model_cfg.enable_activation_offload),
     )
 
 
+def head_chunk_size(use_fused_kernels: bool, model_cfg: Any, module: torch.nn.Module, engine: TrainEngine,
+                    key: str) -> int:
+    """Positions per chunk of the chunked LM-head log-probs (``model.fused_kernel_options.chunk_size``)
+    when ``use_fused_kernels`` (config key ``key``), the engine can read the head's weight after
+    forward and the model's logits are exactly ``lm_head(hidden)``; else 0 (the model's full
+    logits), with a warning when the engine or the model is the reason."""
+    if not use_fused_kernels:
+        return 0
+    reason = fused_head_unsupported(module)
+    if reason is None and not engine.head_readable_after_forward:
+        reason = (f"the {type(engine).__name__} re-shards or splits the LM head after forward "
+                  "(use actor_rollout_ref.actor.strategy=fsdp2 for the chunked head)")
+    if reason is not None:
+        warnings.warn(f"{key}=true but {reason}; using the model's full logits", stacklevel=2)
+        return 0
+    return int(model_cfg.fused_kernel_options.chunk_size)
+
+
 def engine_name(strategy: str) -> str:
-    """``actor.strategy`` (``fsdp`` = FSDP1, ``fsdp2``) when several processes train together;
+    """``actor.strategy`` (``fsdp`` = FSDP1, ``fsdp2``, ``megatron``) when several processes train together;
     one process uses the plain local engine (sharding over one device buys nothing)."""
     return strategy if spmd.world()[1] > 1 else "local"
 
@@ -182,8 +203,11 @@ def build_job(cfg: Any) -> Job:
     if need_ref:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
         ref_engine = _engine(engine_name(arr.actor.strategy), ref_module, device, fsdp_config=arr.ref.fsdp_config,
-                             optim_cfg=None, total_steps=steps, optim_key="")
-        ref = LogProbModel(ref_engine, sizes["ref_micro"], budgets["ref"], remove_padding)
+                             optim_cfg=None, total_steps=steps, optim_key="", megatron_config=arr.ref.megatron,
+                             role_key="actor_rollout_ref.ref")
+        ref = LogProbModel(ref_engine, sizes["ref_micro"], budgets["ref"], remove_padding and ref_engine.packed_forward,
+                           head_chunk_size(arr.model.use_fused_kernels, arr.model, ref_module, ref_engine,
+                                           "actor_rollout_ref.model.use_fused_kernels"))
     trained: torch.nn.Module = actor_module
     param_groups = None
     if needs_log_z:
@@ -196,11 +220,14 @@ def build_job(cfg: Any) -> Job:
     actor_engine = _engine(
         engine_name(arr.actor.strategy), trained, device, fsdp_config=arr.actor.fsdp_config, optim_cfg=arr.actor.optim,
         total_steps=steps, optim_key="actor_rollout_ref.actor.optim", grad_clip=arr.actor.grad_clip,
-        param_groups=param_groups, model_cfg=arr.model,
+        param_groups=param_groups, model_cfg=arr.model, megatron_config=arr.actor.megatron,
+        role_key="actor_rollout_ref.actor",
     )
     actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"],
                   with_log_z=needs_log_z, max_token_len=budgets["actor"], log_prob_max_token_len=budgets["log_prob"],
-                  remove_padding=remove_padding)
+                  remove_padding=remove_padding and actor_engine.packed_forward,
+                  head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, actor_module,
+                                                  actor_engine, "actor_rollout_ref.actor.use_fused_kernels"))
 
     critic = None
     if uses_critic(cfg):
@@ -210,11 +237,11 @@ def build_job(cfg: Any) -> Job:
         critic_engine = _engine(
             engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
             optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,
-            model_cfg=cfg.critic.model,
+            model_cfg=cfg.critic.model, megatron_config=cfg.critic.megatron, role_key="critic",
         )
         critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
                         sizes["critic_forward_micro"], budgets["critic"], budgets["critic_forward"],
-                        bool(cfg.critic.model.use_remove_padding))
+                        bool(cfg.critic.model.use_remove_padding) and critic_engine.packed_forward)
 
     eos_ids = _eos_ids(tokenizer, actor_module)
     if rollout_copy is not None:

@@ -58,6 +58,16 @@ def throughput_metrics(batch: Batch, step_time_s: float, num_gpus: int = 1) -> d
     }
 
 
+def tokens_per_hour(m: dict[str, float]) -> dict[str, float]:
+    """``perf/tokens_per_hour``: prompt + response tokens of the whole job (all ranks) per hour
+    of step wall time, from the rank-reduced ``perf/total_num_tokens`` (a sum) and
+    ``timing_s/step`` (the slowest rank).  Validation and checkpoint time are not in the step."""
+    step_s = m.get("timing_s/step", 0.0)
+    if "perf/total_num_tokens" not in m or step_s <= 0:
+        return {}
+    return {"perf/tokens_per_hour": m["perf/total_num_tokens"] / step_s * 3600.0}
+
+
 def mfu_metrics(
     m: dict[str, float], seqlens: list[int], actor_config: Any, critic_config: Any | None, ppo_epochs: int,
     critic_ppo_epochs: int, peak: float | None, num_devices: int = 1,

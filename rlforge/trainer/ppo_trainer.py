@@ -11,6 +11,9 @@ that declare ``needs_reward_baselines`` (ReMax).  With DAPO dynamic sampling
 ``ref`` runs only with ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``; ``values``
 and ``update_critic`` only with a critic (``adv_estimator=gae``); ``update_actor`` starts
 after ``trainer.critic_warmup`` steps.
+
+Every ``timed`` block reports to the rank's :class:`~rlforge.perf.monitor.PerfMonitor` timeline,
+which gives the per-stage GPU utilisation and, with ``trainer.profile``, the stage trace.
 """
 
 from __future__ import annotations
@@ -36,15 +39,24 @@ from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import memory_metrics
+from rlforge.perf.monitor import PerfMonitor
 from rlforge.perf.timer import timed
 from rlforge.rollout import SamplingParams
-from rlforge.tracking import Tracking, rotate_metrics_file
+from rlforge.tracking import Tracking, check_loggers, rotate_metrics_file
 from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer import spmd
 from rlforge.trainer.build import Job, build_job
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
-from rlforge.trainer.metrics import data_metrics, mfu_metrics, throughput_metrics
+from rlforge.trainer.metrics import data_metrics, mfu_metrics, throughput_metrics, tokens_per_hour
 from rlforge.trainer.validation import validate
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as plain dicts and lists (what wandb and mlflow record)."""
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    return out if isinstance(out, dict) else {}
 
 
 def seed_everything(seed: int) -> None:
@@ -63,6 +75,7 @@ class PPOTrainer:
 
     def __init__(self, cfg: Any, loggers: list[str]) -> None:
         self.cfg = cfg
+        check_loggers(loggers)  # a missing logger package fails before the model loads
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1))
         self.job: Job = build_job(cfg)  # initialises the process group when launched by torchrun
         self.rank, self.world_size = spmd.world()
@@ -79,7 +92,9 @@ class PPOTrainer:
         self._resume()
         if self.global_step == 0 and self.rank == 0:
             rotate_metrics_file(Path(self.out_dir))
-        self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir)
+        self.perf = PerfMonitor.from_config(cfg.trainer, self.rank, self.job.device, self.out_dir)
+        self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir, cfg.trainer.project_name,
+                                cfg.trainer.experiment_name, _config_dict(cfg) if self.rank == 0 else None)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> None:
@@ -148,7 +163,8 @@ class PPOTrainer:
                     return val
             while self.global_step < self.job.total_steps:
                 self.global_step += 1
-                last = self.step()
+                with self.perf.step(self.global_step):
+                    last = self.step()
                 is_last = self.global_step == self.job.total_steps
                 if self.job.val_loader is not None and t.test_freq > 0 and (
                     self.global_step % t.test_freq == 0 or is_last
@@ -157,17 +173,20 @@ class PPOTrainer:
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or is_last):
                     self._save()
                 self.tracker.log(last, step=self.global_step)
+                self.perf.flush()
         finally:
             self.tracker.close()
+            self.perf.close()
         return last
 
     def _validate(self) -> dict[str, float]:
         m: dict[str, float] = {}
-        with timed("testing", m):
+        with timed("testing", m, self.perf.timeline):
             m.update(
                 validate(self.job.val_loader, self.job.rollout, self.job.reward,
                          self.cfg.actor_rollout_ref.rollout, self.cfg.data.max_response_length)
             )
+        m.update(spmd.reduce_metrics(self.perf.stage_metrics("testing")))
         return m
 
     def _sampling(self) -> SamplingParams:
@@ -183,32 +202,34 @@ class PPOTrainer:
         arr = cfg.actor_rollout_ref
         temperature = float(arr.rollout.temperature)
         m: dict[str, float] = {}
-        with timed("step", m):
+        tl = self.perf.timeline
+        with timed("step", m, tl):
             batch = self._collect(m)
             if cfg.trainer.balance_batch:
                 batch = self._balance(batch, m)
-            with timed("old_log_prob", m):
+            with timed("old_log_prob", m, tl):
                 out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                 batch["old_log_probs"] = out["log_probs"]
                 m["actor/entropy"] = float(
                     agg_loss(out["entropys"], batch["response_mask"].float(), arr.actor.loss_agg_mode)
                 )
             if job.ref is not None:
-                with timed("ref", m):
+                with timed("ref", m, tl):
                     batch["ref_log_prob"] = job.ref.compute_log_prob(batch, temperature)["log_probs"]
             if job.critic is not None:
-                with timed("values", m):
+                with timed("values", m, tl):
                     batch["values"] = job.critic.compute_values(batch)
-            with timed("adv", m):
+            with timed("adv", m, tl):
                 self._advantages(batch, m)
             if job.critic is not None:
-                with timed("update_critic", m):
+                with timed("update_critic", m, tl):
                     m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
                     job.critic.engine.lr_scheduler_step()
             if self.global_step > cfg.trainer.critic_warmup:
-                with timed("update_actor", m):
+                with timed("update_actor", m, tl):
                     m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature).items()})
                     job.actor.engine.lr_scheduler_step()
+                    m.update(job.actor.engine.metrics())  # parallel/* placement (strategy=megatron)
                 if not np.isfinite(m["actor/pg_loss"]):
                     raise RLForgeError(
                         f"step {self.global_step}: the actor loss is {m['actor/pg_loss']}; the run is diverging. "
@@ -228,7 +249,10 @@ class PPOTrainer:
                 m[f"{key}/mean"] = float(np.nanmean(np.asarray(values, dtype=np.float64)))
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
-        return spmd.reduce_metrics(m)
+        m.update(self.perf.step_metrics())
+        out = spmd.reduce_metrics(m)
+        out.update(tokens_per_hour(out))
+        return out
 
     def _balance(self, batch: Batch, m: dict[str, float]) -> Batch:
         """``trainer.balance_batch``: redistribute whole prompt groups so every data-parallel
@@ -246,17 +270,18 @@ class PPOTrainer:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
         ``reward`` for the next batch of prompts."""
         job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
+        tl = self.perf.timeline
         prompts = spmd.shard(job.train_loader.next_batch())
         prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        with timed("gen", m):
+        with timed("gen", m, tl):
             batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
         m.update(job.rollout.metrics())
         if getattr(self.adv_fn, "needs_reward_baselines", False):
-            with timed("gen_max", m):
+            with timed("gen_max", m, tl):
                 greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))
                 baseline = job.reward.score(greedy).scores
             batch["reward_baselines"] = baseline.repeat_interleave(n)
-        with timed("reward", m):
+        with timed("reward", m, tl):
             rw = job.reward.score(batch)
             batch["token_level_scores"] = rw.token_level_scores
             for k, v in rw.extra.items():

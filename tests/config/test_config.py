@@ -162,9 +162,15 @@ def test_verl_command_line_loads_with_warnings() -> None:
     assert cfg.critic.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert "actor_rollout_ref.rollout.name=vllm is not available in this build; using hf (or try rollout.name=native)" in warnings
     assert any("gpu_memory_utilization=0.4" in w for w in warnings)
-    assert any("'wandb'" in w for w in warnings)
-    assert effective_loggers(cfg) == ["console"]
+    assert not any("'wandb'" in w for w in warnings)  # wandb is a supported logger now
+    assert effective_loggers(cfg) == ["console", "wandb"]
     assert not any("tensor_model_parallel_size" in w for w in warnings)
+
+
+def test_other_verl_loggers_are_skipped_with_a_warning() -> None:
+    cfg = load_config(["trainer.logger=[console,swanlab,tensorboard]"])
+    assert any("'swanlab'" in w and "skipped" in w for w in validate_config(cfg))
+    assert effective_loggers(cfg) == ["console", "tensorboard"]
 
 
 def test_later_work_rows_fire_only_when_set() -> None:
@@ -195,6 +201,8 @@ def test_later_work_rows_fire_only_when_set() -> None:
         (["actor_rollout_ref.actor.loss_agg_mode=sum"], "loss_agg_mode='sum'"),
         (["algorithm.adv_estimator=gae", "critic.model.path=m", "critic.ppo_micro_batch_size_per_gpu=5"],
          "critic.ppo_mini_batch_size * actor_rollout_ref.rollout.n"),
+        (["trainer.profile_steps=[2,0]"], "trainer.profile_steps=[2, 0]: must be null or a list of steps >= 1"),
+        (["trainer.gpu_sample_interval_s=-1"], "trainer.gpu_sample_interval_s=-1.0: must be >= 0"),
     ],
 )
 def test_validation_errors_name_keys(overrides: list[str], needle: str) -> None:

@@ -74,12 +74,13 @@ def actor_cfg(mode: str = "seq-mean-token-mean"):
     return cfg
 
 
-def run_actor(engine, batch, mode: str, micro: int):
-    """One optimizer step through the real actor loss; returns (metrics, log-probs of ``batch``)."""
+def run_actor(engine, batch, mode: str, micro: int, chunk: int = 0):
+    """One optimizer step through the real actor loss; returns (metrics, log-probs of ``batch``).
+    ``chunk``: the chunked LM head's chunk size (0 = the model's full logits)."""
     from rlforge.roles.actor import Actor
 
     actor = Actor(engine, actor_cfg(mode), mini_batch_size=len(batch), micro_batch_size=micro,
-                  log_prob_micro_batch_size=2)
+                  log_prob_micro_batch_size=2, head_chunk_size=chunk)
     metrics = actor.update(batch, TEMPERATURE)
     logp = actor.compute_log_prob(batch, TEMPERATURE)["log_probs"]
     return metrics, logp
@@ -143,13 +144,16 @@ def _case_train(out: Path, opts: dict) -> None:
         )
 
     engine = make_engine(model)
-    metrics, logp = run_actor(engine, mine, opts["mode"], opts["micro"])
+    metrics, logp = run_actor(engine, mine, opts["mode"], opts["micro"], opts.get("chunk", 0))
+    head = engine.module.get_output_embeddings().weight
+    root_resharded = type(head).__name__ == "DTensor"  # FSDP2: infer reshards the root at the end
     state = engine.state_dict()
     synced, _ = load_model()
     engine.sync_to(synced)
     logps = [None] * info.world_size
     dist.all_gather_object(logps, logp)
-    result = {"metrics": metrics, "state": state, "synced": synced.state_dict(), "logp": torch.cat(logps)}
+    result = {"metrics": metrics, "state": state, "synced": synced.state_dict(), "logp": torch.cat(logps),
+              "root_resharded": root_resharded}
     if opts.get("reload"):
         path = out / "state.pt"
         if info.rank == 0:
