@@ -75,14 +75,15 @@ _ARR = "actor_rollout_ref"
 
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
-              "{key}={value} is not available in this build; using hf (or try rollout.name=native)"),
+              "{key}={value} is not available in this build; running rlforge's native engine instead "
+              "(hf where tensor_model_parallel_size > 1 or the model is not Llama/Qwen-family)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,
               "{key}={value[1]}: tensor-parallel rollout is not available in this build; using 1",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size)),
-    LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] != "native" and v[1] != 0.5,
+    LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] == "hf" and v[1] != 0.5,
               "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.gpu_memory_utilization)),
-    LaterWork(f"{_ARR}.rollout.enforce_eager", lambda v: v[0] != "native" and v[1],
+    LaterWork(f"{_ARR}.rollout.enforce_eager", lambda v: v[0] == "hf" and v[1],
               "{key}=True only applies to the native rollout's CUDA graphs; ignored by hf",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.enforce_eager)),
     LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: bool(v), _NOT_HERE,

@@ -46,9 +46,15 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" else None
 
 
-def rollout_name(cfg: Any) -> str:
-    name = cfg.actor_rollout_ref.rollout.name
-    return name if name in ROLLOUTS else "hf"
+def rollout_name(cfg: Any, module: torch.nn.Module) -> str:
+    """``rollout.name``; verl's ``vllm``/``sglang`` run as ``native`` where it can run them
+    (one rollout GPU per model copy, a Llama/Qwen-family model), otherwise as ``hf``."""
+    from rlforge.rollout.native.model_runner import unsupported_reason
+
+    r = cfg.actor_rollout_ref.rollout
+    if r.name in ROLLOUTS:
+        return r.name
+    return "native" if int(r.tensor_model_parallel_size) == 1 and unsupported_reason(module) is None else "hf"
 
 
 def per_step_sizes(cfg: Any, world_size: int = 1) -> dict[str, int]:
@@ -249,7 +255,7 @@ def build_job(cfg: Any) -> Job:
         rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
     else:
         rollout_lm = actor_module
-    rollout = ROLLOUTS.get(rollout_name(cfg)).from_config(
+    rollout = ROLLOUTS.get(rollout_name(cfg, rollout_lm)).from_config(
         rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
     reward = build_reward_manager(cfg, tokenizer)

@@ -175,3 +175,21 @@ def test_tensor_parallel_rollout_is_a_clear_error(model, tiny_tokenizer):
     cfg = SimpleNamespace(tensor_model_parallel_size=2)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=2.*=1"):
         NativeRollout.from_config(model, [0], 0, CPU, None, cfg)
+
+
+def test_verl_backend_names_run_as_native_where_it_applies(model):
+    """``vllm``/``sglang`` map to ``native`` for a Llama/Qwen model with one rollout GPU, else to
+    ``hf``; ``native`` on a model it cannot run is a clear error, not a crash mid-rollout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlforge.config import load_config
+    from rlforge.trainer.build import rollout_name
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    for name, tp, module, want in [("vllm", 1, model, "native"), ("sglang", 1, model, "native"),
+                                   ("vllm", 2, model, "hf"), ("vllm", 1, gpt2, "hf"), ("hf", 1, model, "hf")]:
+        cfg = load_config([f"actor_rollout_ref.rollout.name={name}",
+                           f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
+        assert rollout_name(cfg, module) == want, (name, tp, want)
+    with pytest.raises(ConfigError, match="model_type 'gpt2'.*rollout.name=hf"):
+        NativeRollout.from_config(gpt2, [0], 0, CPU, None, SimpleNamespace(tensor_model_parallel_size=1))

@@ -37,6 +37,7 @@ from rlforge.rollout.native.model_runner import (
     ModelSpec,
     block_table_tensor,
     prepare_inputs,
+    unsupported_reason,
 )
 from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -334,7 +335,10 @@ class NativeRollout(Rollout):
         """Reads ``rollout.{max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
         gpu_memory_utilization, enforce_eager, cudagraph_capture_sizes, free_cache_engine,
         calculate_log_probs, ignore_eos}``.  Raises ConfigError for
-        ``tensor_model_parallel_size > 1``."""
+        ``tensor_model_parallel_size > 1`` or a model the runner does not reproduce."""
+        why = unsupported_reason(module)
+        if why is not None:
+            raise ConfigError(f"actor_rollout_ref.rollout.name=native: {why}. Use actor_rollout_ref.rollout.name=hf")
         if int(rollout_cfg.tensor_model_parallel_size) > 1:
             raise ConfigError(
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_cfg.tensor_model_parallel_size}: "

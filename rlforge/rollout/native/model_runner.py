@@ -34,6 +34,20 @@ from rlforge.rollout.native.attention import (
 from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+"""``config.model_type`` values whose decoder layer this runner reproduces."""
+
+
+def unsupported_reason(module: nn.Module) -> str | None:
+    """Why the runner cannot run ``module`` (None when it can)."""
+    c = getattr(module, "config", None)
+    kind = getattr(c, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if getattr(c, "use_sliding_window", False) or (kind == "mistral" and getattr(c, "sliding_window", None)):
+        return "sliding-window attention is not supported"
+    return None
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -46,8 +60,9 @@ class ModelSpec:
     @classmethod
     def from_module(cls, module: nn.Module) -> ModelSpec:
         c = module.config
-        if getattr(c, "use_sliding_window", False):
-            raise NotImplementedError("the native rollout does not support sliding-window attention")
+        why = unsupported_reason(module)
+        if why is not None:
+            raise NotImplementedError(f"the native rollout cannot run this model: {why}")
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(
             c.num_hidden_layers, c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
