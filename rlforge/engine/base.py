@@ -10,7 +10,7 @@ tensor/pipeline parallelism and offload.  The trainer never branches on the engi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,17 @@ class TrainEngine(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output."""
+
+
+@torch.no_grad()
+def copy_full_params(params: Iterable[tuple[str, torch.Tensor]], target: torch.nn.Module) -> None:
+    """Copy ``(name, full tensor)`` pairs into the plain module ``target``'s state, in place,
+    one tensor at a time (names ``target`` lacks are skipped).  Used by the sharded engines'
+    ``sync_to`` to refresh the rollout's copy of the weights."""
+    dest = target.state_dict()
+    for name, t in params:
+        if name in dest:
+            dest[name].copy_(t)
 
 
 def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: int | None, key: str,

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.engine.activation import clean_name
-from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine
+from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_full_params
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 
@@ -300,10 +300,7 @@ class ShardedEngine(TrainEngine):
     @torch.no_grad()
     def sync_to(self, target: nn.Module) -> None:
         """Copy the full weights into the plain (unsharded) ``target``, tensor by tensor."""
-        dest = target.state_dict()
-        for name, t in self.full_params_iter():
-            if name in dest:
-                dest[name].copy_(t)
+        copy_full_params(self.full_params_iter(), target)
 
 
 def _fqn_to_index(optim: dict[str, Any]) -> dict[str, Any]:

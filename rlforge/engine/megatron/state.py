@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rlforge.engine.activation import clean_name
+from rlforge.engine.base import copy_full_params
 from rlforge.engine.distributed import get_rank
 from rlforge.engine.megatron.weights import gather_entries, load_full, plan_entries
 
@@ -65,10 +66,7 @@ class WeightsAndState:
     @torch.no_grad()
     def sync_to(self, target: nn.Module) -> None:
         """Copy the full weights into the plain ``target`` (the rollout's copy), tensor by tensor."""
-        dest = target.state_dict()
-        for name, t in self.full_params_iter():
-            if name in dest:
-                dest[name].copy_(t)
+        copy_full_params(self.full_params_iter(), target)
 
     def state_dict(self) -> dict[str, Any]:
         """Full CPU state in the plain HF module's keys and ``torch.optim``'s integer-keyed
