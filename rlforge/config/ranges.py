@@ -45,9 +45,16 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.max_response_length": (lambda v: v >= 1, ">= 1"),
     "trainer.gpu_sample_interval_s": (lambda v: v >= 0, ">= 0 (0 = no GPU sampling)"),
     "trainer.profile_steps": (lambda v: v is None or all(s >= 1 for s in v), "null or a list of steps >= 1"),
-    # rollout backends: hf and native here; verl's vllm and sglang fall back to hf with a warning
+    # rollout backends: hf and native here; verl's vllm and sglang run as native (or hf) with a warning
     f"{_ARR}.rollout.name": (lambda v: v in ("hf", "native", "vllm", "sglang"),
-                             "hf or native (or verl's vllm / sglang, run as hf)"),
+                             "hf or native (or verl's vllm / sglang, run as native where it applies)"),
+    f"{_ARR}.rollout.max_num_seqs": (lambda v: v >= 1, ">= 1"),
+    f"{_ARR}.rollout.max_num_batched_tokens": (lambda v: v >= 1, ">= 1"),
+    f"{_ARR}.rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    f"{_ARR}.rollout.tensor_model_parallel_size": (lambda v: v >= 1, ">= 1"),
+    f"{_ARR}.rollout.cudagraph_capture_sizes": (
+        lambda v: len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v),
+        "null (the default sizes) or a non-empty list of batch sizes >= 1"),
 }
 
 
@@ -78,6 +85,17 @@ def check_ranges(cfg: Any) -> None:
         value = _get(cfg, key)
         if value is not None and not ok(value):
             raise ConfigError(f"{key}={value}: must be {valid}")
+
+
+def check_model_len(cfg: Any) -> None:
+    """``rollout.max_model_len``, when set, must hold the longest possible sequence."""
+    longest = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    limit = cfg.actor_rollout_ref.rollout.max_model_len
+    if limit is not None and int(limit) < longest:
+        raise ConfigError(
+            f"{_ARR}.rollout.max_model_len={limit} is smaller than data.max_prompt_length + "
+            f"data.max_response_length = {longest}; raise it or lower data.max_response_length"
+        )
 
 
 def check_token_budgets(cfg: Any) -> None:

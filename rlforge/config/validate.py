@@ -15,7 +15,7 @@ from typing import Any
 
 from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
-from rlforge.config.ranges import check_ranges, check_token_budgets
+from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
 
@@ -63,6 +63,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     """
     _check_choices(cfg)
     check_ranges(cfg)
+    check_model_len(cfg)
     check_token_budgets(cfg)
     _check_sizes(cfg)
     n = cfg.actor_rollout_ref.rollout.n

@@ -55,13 +55,16 @@ def forward_flops(config: Any, seqlens: Sequence[int]) -> float:
 
     ``config`` is a transformers config with ``hidden_size``, ``num_hidden_layers``,
     ``num_attention_heads``, optional ``num_key_value_heads`` and ``head_dim``,
-    ``intermediate_size`` and ``vocab_size``.
+    ``intermediate_size`` and ``vocab_size``.  The MLP is counted as gated (three
+    ``hidden x intermediate`` matrices, Llama/Qwen); a config without ``intermediate_size``
+    (GPT-2 style) is counted with ``n_inner`` or ``4 * hidden``.
     """
     c = _text_config(config)
     h, layers, n_q = int(c.hidden_size), int(c.num_hidden_layers), int(c.num_attention_heads)
     n_kv = int(getattr(c, "num_key_value_heads", None) or n_q)
     d = int(getattr(c, "head_dim", None) or h // n_q)
-    f, vocab = int(c.intermediate_size), int(c.vocab_size)
+    f = int(getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * h)
+    vocab = int(c.vocab_size)
     n_params = layers * (h * d * (n_q + 2 * n_kv) + n_q * d * h + 3 * h * f) + vocab * h
     tokens = float(sum(seqlens))
     sq = float(sum(int(s) ** 2 for s in seqlens))

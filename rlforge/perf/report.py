@@ -100,6 +100,19 @@ def _rank_of(path: Path, prefix: str) -> int | None:
     return int(rest) if stem.startswith(prefix) and rest.isdigit() else None
 
 
+def _check_event(e: Any, path: Path, i: int) -> None:
+    """A complete ("X") event needs a finite numeric ``ts`` and ``dur`` (microseconds)."""
+    if not isinstance(e, dict):
+        raise DataError(f"{path}: traceEvents[{i}] is not a JSON object")
+    if e.get("ph") != "X":
+        return
+    for key in ("ts", "dur"):
+        v = e.get(key, 0.0 if key == "dur" else None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has {key}={v!r}; expected a finite number "
+                            "of microseconds")
+
+
 def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
     """Rank -> events of every ``rank<R>.json`` in ``trace_dir`` (none: an empty dict)."""
     out: dict[int, list[dict[str, Any]]] = {}
@@ -113,6 +126,8 @@ def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
             raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
             raise DataError(f"{path}: not a trace (expected a JSON object with a 'traceEvents' list)")
+        for i, e in enumerate(obj["traceEvents"]):
+            _check_event(e, path, i)
         out[rank] = obj["traceEvents"]
     return out
 
@@ -295,8 +310,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
 
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    plots = draw_all(run, out)
-    path = out / "report.md"
-    path.write_text(render_markdown(run, plots), encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        plots = draw_all(run, out)
+        path = out / "report.md"
+        path.write_text(render_markdown(run, plots), encoding="utf-8")
+    except OSError as e:
+        raise RLForgeError(f"rlforge perf report --out {out}: cannot write there ({e.strerror or e})") from None
     return path

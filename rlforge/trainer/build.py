@@ -19,6 +19,7 @@ from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine import ENGINES, TrainEngine
 from rlforge.engine.distributed import init_distributed
+from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
 from rlforge.models.log_z import PolicyWithLogZ
@@ -44,6 +45,18 @@ def pick_device(name: str) -> torch.device:
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bfloat16 autocast on CUDA (float32 master weights), none on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def _check_context_length(cfg: Any, module: torch.nn.Module) -> None:
+    """The longest sequence (prompt + response) must fit the model's ``max_position_embeddings``."""
+    c = getattr(module.config, "text_config", None) or module.config
+    limit = getattr(c, "max_position_embeddings", None)
+    longest = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    if limit and longest > int(limit):
+        raise ConfigError(
+            f"data.max_prompt_length + data.max_response_length = {longest} is longer than the model's "
+            f"max_position_embeddings={limit} ({cfg.actor_rollout_ref.model.path}); lower data.max_response_length"
+        )
 
 
 def rollout_name(cfg: Any, module: torch.nn.Module) -> str:
@@ -200,6 +213,7 @@ def build_job(cfg: Any) -> Job:
     remove_padding = bool(arr.model.use_remove_padding)
 
     actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
+    _check_context_length(cfg, actor_module)
     # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
     loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
     needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))

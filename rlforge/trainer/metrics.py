@@ -47,6 +47,22 @@ def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int,
     return m
 
 
+def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                               response_mask: torch.Tensor) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_{max,mean,std}``: ``|p_rollout - p_actor|`` per valid
+    response token, where ``p = exp(log-prob)``; all inputs ``(batch, response_len)``.  Shows how
+    far the rollout engine's numerics drift from the trainer's (``rollout.calculate_log_probs``)."""
+    mask = response_mask.bool()
+    diff = (rollout_log_probs.float().exp() - old_log_probs.float().exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
+    }
+
+
 def throughput_metrics(batch: Batch, step_time_s: float, num_gpus: int = 1) -> dict[str, float]:
     """``perf/total_num_tokens`` (prompt + response tokens), ``perf/time_per_step`` (s) and
     ``perf/throughput`` (tokens per second per GPU, or per process on CPU)."""
@@ -79,6 +95,8 @@ def mfu_metrics(
     Nothing is reported when the device peak is unknown (CPU).
     """
     out: dict[str, float] = {}
+    if peak is None:
+        return out
     stages = [("actor", "timing_s/update_actor", actor_config, 3.0 * ppo_epochs),
               ("ref", "timing_s/ref", actor_config, 1.0)]
     if critic_config is not None:

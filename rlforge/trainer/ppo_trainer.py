@@ -47,7 +47,13 @@ from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer import spmd
 from rlforge.trainer.build import Job, build_job
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
-from rlforge.trainer.metrics import data_metrics, mfu_metrics, throughput_metrics, tokens_per_hour
+from rlforge.trainer.metrics import (
+    data_metrics,
+    mfu_metrics,
+    rollout_probs_diff_metrics,
+    throughput_metrics,
+    tokens_per_hour,
+)
 from rlforge.trainer.validation import validate
 
 
@@ -210,6 +216,9 @@ class PPOTrainer:
             with timed("old_log_prob", m, tl):
                 out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                 batch["old_log_probs"] = out["log_probs"]
+                if "rollout_log_probs" in batch:
+                    m.update(rollout_probs_diff_metrics(batch["rollout_log_probs"], out["log_probs"],
+                                                        batch["response_mask"]))
                 m["actor/entropy"] = float(
                     agg_loss(out["entropys"], batch["response_mask"].float(), arr.actor.loss_agg_mode)
                 )

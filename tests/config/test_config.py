@@ -243,3 +243,19 @@ def test_format_round_trip(tmp_path: Path, job: str | None) -> None:
     again = load_config(config_file=str(path))
     assert again == cfg
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("actor_rollout_ref.rollout.max_num_seqs=0", "max_num_seqs=0: must be >= 1"),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens=-5", "max_num_batched_tokens=-5: must be >= 1"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization=1.5: must be in (0, 1]"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=0", "gpu_memory_utilization=0.0: must be in (0, 1]"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=0", "tensor_model_parallel_size=0: must be >= 1"),
+    ("actor_rollout_ref.rollout.cudagraph_capture_sizes=[0,8]", "cudagraph_capture_sizes=[0, 8]: must be null"),
+    ("actor_rollout_ref.rollout.cudagraph_capture_sizes=abc", "cudagraph_capture_sizes=abc: must be null"),
+    ("actor_rollout_ref.rollout.max_model_len=64", "max_model_len=64 is smaller than"),
+])
+def test_rollout_engine_sizes_are_checked(override: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        validate_config(load_config(["data.max_prompt_length=64", "data.max_response_length=64", override]))
+    assert fragment in str(e.value)

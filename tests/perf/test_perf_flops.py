@@ -29,3 +29,15 @@ def test_mfu_and_unknown_peak():
 def test_memory_metrics_reports_cpu_rss():
     m = memory_metrics()
     assert 0.01 < m["perf/cpu_memory_used_gb"] < 24
+
+
+def test_forward_flops_of_a_config_without_intermediate_size():
+    """GPT-2 style configs (no ``intermediate_size``): counted with ``n_inner`` or 4 x hidden, not a crash."""
+    from transformers import GPT2Config
+
+    from rlforge.perf.flops import forward_flops
+
+    c = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50)
+    h, layers, vocab = 16, 2, 50
+    params = layers * (h * 8 * (2 + 4) + 2 * 8 * h + 3 * h * 4 * h) + vocab * h
+    assert forward_flops(c, [3]) == 2.0 * params * 3 + 4.0 * layers * 2 * 8 * 9

@@ -178,3 +178,17 @@ def test_report_of_a_tiny_profiled_run(tmp_path: Path, capsys):
     for r in train:  # each step's trace durations are its timing_s values (µs vs s)
         step_events = [e for e in complete if e["args"]["step"] == r["step"] and e["name"] == "gen"]
         assert sum(e["dur"] for e in step_events) / 1e6 == pytest.approx(r["timing_s/gen"], rel=1e-4)
+
+
+def test_unwritable_out_and_bad_trace_event_are_one_line_errors(tmp_path: Path):
+    run = tmp_path / "run"
+    (run / "trace").mkdir(parents=True)
+    write_jsonl(run / "metrics.jsonl", HAND_ROWS)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(RLForgeError, match="--out .*a_file/sub: cannot write there"):
+        write_report(run, blocker / "sub")
+    event = {"ph": "X", "name": "gen", "ts": "abc", "dur": 5, "pid": 0, "tid": 0}
+    (run / "trace" / "rank0.json").write_text(json.dumps({"traceEvents": [event]}))
+    with pytest.raises(DataError, match=r"rank0.json: traceEvents\[0\] \('gen'\) has ts='abc'"):
+        write_report(run)

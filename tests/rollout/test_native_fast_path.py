@@ -193,3 +193,31 @@ def test_verl_backend_names_run_as_native_where_it_applies(model):
         assert rollout_name(cfg, module) == want, (name, tp, want)
     with pytest.raises(ConfigError, match="model_type 'gpt2'.*rollout.name=hf"):
         NativeRollout.from_config(gpt2, [0], 0, CPU, None, SimpleNamespace(tensor_model_parallel_size=1))
+
+
+def test_calculate_log_probs_reaches_the_metrics(tmp_path):
+    """With ``calculate_log_probs`` the trainer logs verl's ``training/rollout_probs_diff_*``:
+    near 0 here, since the native engine and the trainer compute the same float32 model."""
+    import json
+
+    from rlforge.cli import main
+
+    assert main([
+        "train", "actor_rollout_ref.model.path=preset:tiny", "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.max_response_length=6",
+        "data.builtin.train_size=4", "trainer.total_training_steps=1", "trainer.val_before_train=false",
+        "trainer.logger=[file]", f"trainer.default_local_dir={tmp_path}",
+    ]) == 0
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 0 <= row["training/rollout_probs_diff_max"] < 1e-4
+    assert row["training/rollout_probs_diff_mean"] <= row["training/rollout_probs_diff_max"]
+
+
+def test_longer_than_the_model_context_is_a_clear_error(tmp_path, capsys):
+    from rlforge.cli import main
+
+    rc = main(["train", "actor_rollout_ref.model.path=preset:tiny", "data.max_response_length=4000",
+               "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}"])
+    assert rc == 2
+    assert "max_position_embeddings=2048" in capsys.readouterr().err
