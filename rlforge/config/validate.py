@@ -85,7 +85,18 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
     _check_megatron(cfg)
-    return _warnings(cfg)
+    return _warnings(cfg) + _profile_step_warnings(cfg)
+
+
+def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:
+    """``trainer.profile_steps`` entries past ``trainer.total_training_steps`` never run."""
+    t = cfg.trainer
+    total = t.total_training_steps
+    late = [s for s in (t.profile_steps or []) if total is not None and s > total]
+    if not late:
+        return []
+    return [f"trainer.profile_steps={list(t.profile_steps)}: step(s) {late} come after "
+            f"trainer.total_training_steps={total} and will not be profiled"]
 
 
 def _check_megatron(cfg: RLForgeConfig) -> None:

@@ -162,7 +162,8 @@ def load_run(run_dir: str | Path) -> RunData:
     """
     run = Path(run_dir)
     if not run.is_dir():
-        raise DataError(f"run directory {run} does not exist (give trainer.default_local_dir of a run)")
+        what = "is a file, not a run directory" if run.exists() else "does not exist"
+        raise DataError(f"run directory {run} {what} (give trainer.default_local_dir of a run)")
     trace_dir = run / "trace"
     return RunData(run, load_metrics(run / "metrics.jsonl"), load_traces(trace_dir), load_samples(trace_dir))
 
