@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from rlforge.batch import Batch
 
@@ -43,10 +44,48 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+FULL_SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+"""``(batch, prompt_len + response_len)`` tensors: left-padded prompt, right-padded response."""
+
+
+def pad_to_widths(batch: Batch, prompt_len: int, response_len: int) -> Batch:
+    """``batch`` with its prompt side left-padded to ``prompt_len`` and its response side
+    right-padded to ``response_len`` (with 0: masked ids, mask 0, position 0).
+
+    ``prompts`` is prompt-aligned, :data:`FULL_SEQUENCE_KEYS` span both, and every other 2-D
+    tensor as wide as ``responses`` (masks, scores, log-probs, advantages) is response-aligned.
+    Ranks generate responses as long as their own longest, so their batches differ in width
+    until this pads them to common widths.
+    """
+    p = batch["prompts"].shape[1]
+    r = batch["responses"].shape[1]
+    dp, dr = prompt_len - p, response_len - r
+    if dp == 0 and dr == 0:
+        return batch
+    out = {}
+    for key, t in batch.tensors.items():
+        if key == "prompts":
+            out[key] = F.pad(t, (dp, 0))
+        elif key in FULL_SEQUENCE_KEYS:
+            out[key] = F.pad(t, (dp, dr))
+        elif t.dim() == 2 and t.shape[1] == r:
+            out[key] = F.pad(t, (0, dr))
+        else:
+            out[key] = t
+    return Batch.from_dict(out, dict(batch.non_tensor), dict(batch.meta))
+
+
 def gather_batch(batch: Batch) -> Batch:
-    """The concatenation of every rank's batch (CPU tensors), on every rank."""
+    """The concatenation of every rank's batch (CPU tensors), on every rank; rollout batches of
+    different widths are padded to the widest first (:func:`pad_to_widths`)."""
     parts = gather_objects(batch.to("cpu"))
-    return parts[0] if len(parts) == 1 else Batch.concat(parts)
+    if len(parts) == 1:
+        return parts[0]
+    if all("prompts" in b and "responses" in b for b in parts):
+        p = max(b["prompts"].shape[1] for b in parts)
+        r = max(b["responses"].shape[1] for b in parts)
+        parts = [pad_to_widths(b, p, r) for b in parts]
+    return Batch.concat(parts)
 
 
 def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
