@@ -92,14 +92,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(case: str, out_dir: Path, opts: dict, timeout: float = 120.0) -> None:
-    """Run ``case`` on ``WORLD`` gloo ranks; raise with the ranks' stderr on failure."""
+def run_ranks(argv: list[str], world: int, timeout: float) -> None:
+    """Run ``python *argv`` once per rank on ``world`` gloo ranks (RANK / WORLD_SIZE / MASTER_*
+    set, as torchrun does); raise with the failing ranks' stderr."""
     port = _free_port()
     procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, __file__, case, str(out_dir), json.dumps(opts)], env=env,
+        procs.append(subprocess.Popen([sys.executable, *argv], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     errors = []
     for rank, p in enumerate(procs):
@@ -116,7 +117,11 @@ def launch(case: str, out_dir: Path, opts: dict, timeout: float = 120.0) -> None
         raise RuntimeError("\n".join(errors))
 
 
-# ---------------------------------------------------------------------------- worker side
+def launch(case: str, out_dir: Path, opts: dict, timeout: float = 120.0) -> None:
+    """Run ``case`` on ``WORLD`` gloo ranks; raise with the ranks' stderr on failure."""
+    run_ranks([__file__, case, str(out_dir), json.dumps(opts)], WORLD, timeout)
+
+
 def _case_train(out: Path, opts: dict) -> None:
     """One actor step on this rank's half of the batch; rank 0 saves metrics, the full state,
     a ``sync_to`` copy, and (fsdp2) the state re-loaded into a fresh engine."""

@@ -12,8 +12,6 @@ engine.  Rank 0 saves everything to ``out_dir/result.pt``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,26 +23,7 @@ import dist_common as dc  # noqa: E402
 
 def launch(world: int, out_dir: Path, opts: dict, timeout: float = 300.0) -> None:
     """Run the worker on ``world`` gloo ranks; raise with the ranks' stderr on failure."""
-    port = dc._free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir), json.dumps(opts)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    errors = []
-    for rank, p in enumerate(procs):
-        try:
-            _, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            _, err = p.communicate()
-            errors.append(f"rank {rank} timed out:\n{err[-4000:]}")
-            continue
-        if p.returncode != 0:
-            errors.append(f"rank {rank} exit {p.returncode}:\n{err[-4000:]}")
-    if errors:
-        raise RuntimeError("\n".join(errors))
+    dc.run_ranks([__file__, str(out_dir), json.dumps(opts)], world, timeout)
 
 
 def load_model(layers: int = 2):
