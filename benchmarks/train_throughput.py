@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import faulthandler
 import os
+import signal
 import sys
 import time
 
@@ -177,7 +179,17 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     return out
 
 
+def _stack_dumps() -> None:
+    """Stall diagnosis: every process prints all threads' stacks when stopped by SIGTERM
+    (``timeout``, torchrun) and, with ``RLFORGE_STACK_DUMP_S=N``, every N seconds."""
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    every = int(os.environ.get("RLFORGE_STACK_DUMP_S", "0") or 0)
+    if every > 0:
+        faulthandler.dump_traceback_later(every, repeat=True)
+
+
 def main() -> int:
+    _stack_dumps()
     p = argparse.ArgumentParser()
     p.add_argument("--model", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
     p.add_argument("--rows", default=DEFAULT_ROWS)

@@ -22,6 +22,7 @@ slice).  ``seq_local`` is ``seq / tp`` under sequence parallelism, else ``seq``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -41,6 +42,23 @@ def rank_stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
     placement that ``ScheduleInterleaved1F1B`` expects)."""
     return [pp_rank + k * pp for k in range(vpp)]
 
+
+
+def _mask_kwargs(config: Any, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments of transformers' ``create_causal_mask`` for a full, cache-less sequence.
+
+    The signature changed across transformers 5.x (``cache`` was ``past_key_values``,
+    ``inputs_embeds`` was ``input_embeds``, and older releases also take ``cache_position``),
+    so the names are read from the installed function.
+    """
+    params = inspect.signature(create_causal_mask).parameters
+    kw: dict[str, Any] = {"config": config, "attention_mask": attention_mask, "position_ids": position_ids}
+    kw["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = inputs_embeds
+    kw["cache" if "cache" in params else "past_key_values"] = None
+    if "cache_position" in params:
+        kw["cache_position"] = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return kw
 
 class StageModule(nn.Module):
     """A contiguous block of a HF decoder model (see the module docstring).
@@ -86,8 +104,8 @@ class StageModule(nn.Module):
 
     def _masks(self, ref: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
         shape = ref.new_empty((attention_mask.shape[0], attention_mask.shape[1], 0))  # the full sequence
-        kw = dict(config=self.config, inputs_embeds=shape, attention_mask=attention_mask, cache=None,
-                  position_ids=position_ids)
+        kw = _mask_kwargs(config=self.config, inputs_embeds=shape, attention_mask=attention_mask,
+                          position_ids=position_ids)
         masks: dict[str, Any] = {"full_attention": create_causal_mask(**kw)}
         if "sliding_attention" in self.layer_types.values():
             masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
