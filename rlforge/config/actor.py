@@ -51,7 +51,8 @@ class ModelConfig:
     enable_activation_offload: bool = False
     """Offload activations to CPU during forward."""
     use_remove_padding: bool = False
-    """Pack sequences without padding tokens in forward (varlen attention)."""
+    """Pack sequences without padding tokens in forward (varlen attention: ``rlforge_varlen`` on
+    CUDA unless ``override_config.attn_implementation`` is set)."""
     lora_rank: int = 0
     """LoRA rank; 0 = full fine-tuning."""
     lora_alpha: int = 16

@@ -14,6 +14,10 @@ the same ``position_ids`` are turned into ``cu_seqlens`` for the varlen kernel (
 path on CUDA).  No model code is patched.  The detection needs each sequence's positions
 to be ``0, 1, ..., len - 1``, which :func:`pack` checks.
 
+With ``attn_implementation == "rlforge_varlen"`` (:mod:`rlforge.engine.varlen`, chosen by
+default on CUDA) the model also gets the ``cu_seqlens`` offsets and a placeholder 4D mask, so
+no ``(N, N)`` mask is built and each sequence attends through ``varlen_attn``.
+
 Outputs follow :mod:`rlforge.roles.forward` exactly (same shapes, dtype, temperature
 handling); positions whose response token is padding hold 0 instead of the padded
 forward's meaningless values (both are masked by ``response_mask``).
@@ -27,6 +31,7 @@ import torch
 
 from rlforge.algorithms import entropy_from_logits
 from rlforge.batch import Batch
+from rlforge.engine.varlen import packed_attention_args
 from rlforge.roles.forward import log_probs_from_logits
 from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_rows
 
@@ -69,10 +74,13 @@ def pack(mb: Batch) -> PackedInputs:
 
 
 def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tensor:
-    """The model's ``logits`` ``(1, N, out)`` on the packed row (attention mask left None
-    so that transformers derives the block-diagonal mask from ``position_ids``)."""
+    """The model's ``logits`` ``(1, N, out)`` on the packed row (attention mask left None so
+    that transformers derives the block-diagonal mask from ``position_ids``, or the varlen
+    arguments of :func:`~rlforge.engine.varlen.packed_attention_args`)."""
+    mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens)
     out = module(
-        input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids, use_cache=False
+        input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
+        **attn_kwargs,
     )
     return out.logits
 
@@ -103,7 +111,8 @@ def packed_response_log_probs(
     """
     packed = pack(mb)
     if chunk_size > 0:
-        hidden = last_hidden_states(module, packed.input_ids, None, packed.position_ids)[0]  # (N, hidden)
+        mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens)
+        hidden = last_hidden_states(module, packed.input_ids, mask, packed.position_ids, **attn_kwargs)[0]  # (N, hidden)
         index, keep = _response_gather(packed, mb)
         logp, ent = head_log_probs(module, hidden[index[keep]], mb["responses"][keep], temperature, with_entropy,
                                    chunk_size)

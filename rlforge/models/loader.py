@@ -194,7 +194,7 @@ def load_causal_lm(
 
     ``override_config`` entries are set on the model config before the model is built,
     as verl's ``model.override_config`` does; ``attn_implementation`` (``sdpa``, ``eager``,
-    ``flex_attention``, ``flash_attention_2``) selects transformers' attention kernel.
+    ``flex_attention``, ``flash_attention_2``, ``rlforge_varlen``) selects the attention kernel.
     Presets are initialised from ``seed``.
 
     Raises:
@@ -212,9 +212,23 @@ def load_causal_lm(
         else:
             model = AutoModelForCausalLM.from_pretrained(_hf_folder(src), config=cfg, dtype=torch.float32)
         if attn:  # e.g. flex_attention: block-sparse document masks for the packed forward
-            model.set_attn_implementation(attn)
+            _set_attn_implementation(model, attn, key)
     _sync_special_tokens(model, tokenizer)
     return model
+
+
+def _set_attn_implementation(model: PreTrainedModel, attn: str, key: str) -> None:
+    """``model.set_attn_implementation(attn)``; ``rlforge_varlen`` is registered first and
+    refused (naming the override key) for architectures it does not reproduce."""
+    if attn == "rlforge_varlen":
+        from rlforge.engine import varlen
+
+        reason = varlen.unsupported_reason(model)
+        if reason is not None:
+            raise ModelError(f"{key.rsplit('.', 1)[0]}.override_config.attn_implementation=rlforge_varlen: {reason}; "
+                             "use sdpa or flash_attention_2")
+        varlen.register()
+    model.set_attn_implementation(attn)
 
 
 def load_value_model(
@@ -228,6 +242,7 @@ def load_value_model(
 
     Output ``logits`` have shape ``(batch, seq, 1)``: the value of each position.  As in
     verl, the backbone comes from ``path`` and the head is newly initialised.
+    ``override_config.attn_implementation`` selects the attention kernel as in :func:`load_causal_lm`.
 
     Raises:
         ModelError: if the path cannot be resolved.
@@ -235,6 +250,7 @@ def load_value_model(
     src = resolve_source(path, key)
     override = dict(override_config or {})
     override["num_labels"] = 1
+    attn = override.pop("attn_implementation", None)
     with _as_model_error(key, path, "build a value model from"), torch.random.fork_rng(devices=[]):
         cfg = _config_for(src, tokenizer, override)
         cfg.classifier_dropout = 0.0
@@ -245,6 +261,8 @@ def load_value_model(
             model = AutoModelForTokenClassification.from_pretrained(
                 _hf_folder(src), config=cfg, dtype=torch.float32
             )
+        if attn:
+            _set_attn_implementation(model, attn, key)
     _sync_special_tokens(model, tokenizer)
     return model
 

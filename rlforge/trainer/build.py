@@ -19,6 +19,7 @@ from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine import ENGINES, TrainEngine
 from rlforge.engine.distributed import init_distributed
+from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
@@ -160,6 +161,12 @@ def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_co
     )
 
 
+def _packs(strategy: str) -> bool:
+    """Whether the engine for ``strategy`` runs the roles' packed forward (``TrainEngine.packed_forward``;
+    ``local`` is registered as a factory of :class:`~rlforge.engine.local.LocalEngine`, which does)."""
+    return bool(getattr(ENGINES.get(engine_name(strategy)), "packed_forward", True))
+
+
 def head_chunk_size(use_fused_kernels: bool, model_cfg: Any, module: torch.nn.Module, engine: TrainEngine,
                     key: str) -> int:
     """Positions per chunk of the chunked LM-head log-probs (``model.fused_kernel_options.chunk_size``)
@@ -214,6 +221,8 @@ def build_job(cfg: Any) -> Job:
 
     actor_module = load_causal_lm(arr.model.path, tokenizer, dict(arr.model.override_config or {}), seed=seed)
     _check_context_length(cfg, actor_module)
+    # Before the reference copy, so that it packs the same way.
+    maybe_select_varlen(actor_module, device, remove_padding and _packs(arr.actor.strategy), arr.model.override_config)
     # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
     loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
     needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))
@@ -254,6 +263,8 @@ def build_job(cfg: Any) -> Job:
         critic_module = load_value_model(
             critic_model_path(cfg), tokenizer, dict(cfg.critic.model.override_config or {}), seed=seed
         )
+        maybe_select_varlen(critic_module, device, bool(cfg.critic.model.use_remove_padding)
+                            and _packs(cfg.critic.strategy), cfg.critic.model.override_config)
         critic_engine = _engine(
             engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
             optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,
