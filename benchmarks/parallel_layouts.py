@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_throughput import _sync, make_batch  # noqa: E402
+from train_throughput import _sync, make_batch, set_attention  # noqa: E402
 
 from rlforge.config import ActorConfig, FSDPConfig, MegatronConfig, OptimConfig  # noqa: E402
 from rlforge.engine import ENGINES  # noqa: E402
@@ -62,11 +62,14 @@ LAYOUTS = {  # name -> (strategy, megatron sizes, packed forward)
 }
 
 
-def build_engine(row: str, base: torch.nn.Module, device: torch.device):
+def build_engine(row: str, base: torch.nn.Module, device: torch.device, attn: str = ""):
     layout, *flags = row.split("-")
     strategy, sizes, packed = LAYOUTS[layout]
+    module = copy.deepcopy(base)
+    if packed and attn:
+        set_attention(module, attn)
     engine = ENGINES.get(strategy)(
-        copy.deepcopy(base), device, fsdp_config=FSDPConfig(forward_prefetch=True),
+        module, device, fsdp_config=FSDPConfig(forward_prefetch=True),
         megatron_config=MegatronConfig(**sizes), role_key="actor_rollout_ref.actor", optim_cfg=OptimConfig(lr=1e-6),
         total_steps=100, optim_key="optim", grad_clip=1.0, gradient_checkpointing="ckpt" in flags,
     )
@@ -74,7 +77,7 @@ def build_engine(row: str, base: torch.nn.Module, device: torch.device):
 
 
 def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) -> dict:
-    engine, packed = build_engine(row, base, device)
+    engine, packed = build_engine(row, base, device, args.attn)
     actor = Actor(engine, ActorConfig(ppo_mini_batch_size=len(batch), ppo_epochs=1), len(batch), len(batch),
                   len(batch), max_token_len=args.budget, remove_padding=packed)
     loss_fn = actor._loss_fn(1.0)
@@ -133,6 +136,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
+    p.add_argument("--attn", default="rlforge_varlen",
+                   help="attention of the packed FSDP2 rows (rlforge_varlen, flex_attention, sdpa)")
     args = p.parse_args()
     if "WORLD_SIZE" not in os.environ:
         print("run with torchrun --nproc_per_node=2", file=sys.stderr)

@@ -10,7 +10,7 @@ Each row times ``Actor.update``-style optimizer steps (``TrainEngine.train_step`
 real PPO loss) on a batch of ``--seqs`` sequences per GPU.  Each sequence is a 128-token
 prompt and a response whose length comes from a long-tailed mix (log-normal, clipped to
 64..2048).  The model is a ``preset:`` with random weights, fp32 master weights and bf16
-compute.  Reported per row: tokens/s for all GPUs (valid tokens only), MFU (model FLOPs
+compute.  Reported per row: tokens/s summed over all GPUs (valid tokens only; step time of the slowest rank), MFU (model FLOPs
 of the valid tokens, attention included, over the H200's 989 TFLOP/s bf16 peak per GPU),
 and peak allocated memory per GPU.
 
@@ -51,7 +51,7 @@ import torch
 from rlforge.batch import Batch
 from rlforge.config import ActorConfig, FSDPConfig, FusedKernelOptions, OptimConfig
 from rlforge.engine import ENGINES
-from rlforge.engine.distributed import init_distributed
+from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, init_distributed
 from rlforge.models import load_causal_lm, load_tokenizer
 from rlforge.perf.flops import device_peak_flops, forward_flops
 from rlforge.roles.actor import Actor
@@ -134,6 +134,17 @@ def profile_step(label: str, step, step_args: tuple, rank: int) -> None:
     print(flush=True)
 
 
+def set_attention(module: torch.nn.Module, attn: str) -> None:
+    """The packed rows' attention: ``rlforge_varlen`` (torch's varlen flash kernel on cu_seqlens,
+    what ``rlforge train`` picks on CUDA), ``flex_attention`` (block-sparse document masks,
+    compiled) or ``sdpa`` (a dense block-diagonal mask over the packed row)."""
+    if attn == "rlforge_varlen":
+        from rlforge.engine.varlen import register
+
+        register()
+    module.set_attn_implementation(attn)
+
+
 def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args, device, world: int,
             rank: int) -> dict:
     parts = row.split("-")
@@ -143,7 +154,7 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     name = "fsdp2" if row.startswith("fsdp2") else "local"
     module = copy.deepcopy(base_model)
     if remove_padding and args.attn:
-        module.set_attn_implementation(args.attn)  # packed rows: e.g. flex_attention's block-sparse masks
+        set_attention(module, args.attn)
     optim = OptimConfig(lr=1e-6)
     engine = ENGINES.get(name)(
         module, device, fsdp_config=FSDPConfig(forward_prefetch=True), optim_cfg=optim, total_steps=100,
@@ -166,11 +177,10 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     peak_mem = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0
     if args.profile:
         profile_step(f"{row} {head}", engine.train_step, (batch, loss_fn, micro, args.budget if dyn else None), rank)
-    t = float(np.median(times))
     seqlens = batch["attention_mask"].sum(-1).tolist()
-    flops = 3.0 * forward_flops(base_model.config, seqlens) * world
+    t, peak_mem = (float(x) for x in all_reduce_max([float(np.median(times)), peak_mem], device))  # slowest rank
+    tokens, flops = all_reduce_sum([float(sum(seqlens)), 3.0 * forward_flops(base_model.config, seqlens)], device)
     peak = device_peak_flops(device) or 989e12
-    tokens = float(sum(seqlens)) * world
     out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops / t / (peak * world),
            "peak_mem_gb": peak_mem}
     del engine, actor, module
@@ -198,8 +208,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
-    p.add_argument("--attn", default="flex_attention",
-                   help="attention implementation of the packed rows ('' = the model's default, sdpa)")
+    p.add_argument("--attn", default="rlforge_varlen",
+                   help="attention implementation of the packed rows: rlforge_varlen, flex_attention, sdpa "
+                        "('' = the model's default, sdpa)")
     p.add_argument("--head", default="chunked,plain",
                    help="log-prob implementations to time, comma-separated: chunked (LM head in chunks) and/or plain")
     p.add_argument("--chunk-size", type=int, default=FusedKernelOptions().chunk_size,

@@ -1,7 +1,7 @@
 """CUDA graphs of the pure decode step (:meth:`ModelRunner.decode`) for a set of batch sizes.
 
 A decode step of a small model is hundreds of short kernels; launching them one by one from
-Python costs more than running them.  Each captured size replays the whole step (embedding,
+Python costs more than running them.  Each size, captured the first time a batch needs it, replays the whole step (embedding,
 every layer with its KV write and paged attention, final norm, LM head) with one launch.
 All graphs share one memory pool and read fixed input buffers; a batch of ``B`` rows runs in
 the smallest captured size ``>= B``, the extra rows padded with context length 0 and a KV
@@ -14,6 +14,8 @@ a new cache or new weight tensors need a new capture (:attr:`key`).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -67,13 +69,23 @@ class DecodeGraphs:
         torch.cuda.current_stream(dev).wait_stream(side)
         self.logits = torch.empty_like(out)
         del out
-        pool = None
-        for size in reversed(sizes):  # largest first: the smaller ones reuse its pool memory
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.logits[:size].copy_(runner.decode(self.view(size)))
-            pool = g.pool()
-            self.graphs[size] = g
+        self._runner = runner
+        self._pool = None
+        self.capture_s = 0.0
+
+    def _capture(self, size: int) -> torch.cuda.CUDAGraph:
+        """Capture the decode step of ``size`` rows (on first use: a generation whose batch
+        never shrinks captures one size, not the whole ladder).  All sizes share one memory
+        pool; they never run concurrently and none keeps a live tensor in it (the logits are
+        copied out to :attr:`logits`), so the order of capture does not matter."""
+        t0 = time.perf_counter()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            self.logits[:size].copy_(self._runner.decode(self.view(size)))
+        self._pool = g.pool()
+        self.graphs[size] = g
+        self.capture_s += time.perf_counter() - t0
+        return g
 
     def bucket(self, batch: int) -> int | None:
         """Smallest captured size ``>= batch``; None when the batch is larger than all."""
@@ -93,6 +105,7 @@ class DecodeGraphs:
         self.buf.positions[batch:size] = 0
 
     def replay(self, size: int) -> torch.Tensor:
-        """Run the graph of ``size`` on the current buffers; returns ``logits[:size]``."""
-        self.graphs[size].replay()
+        """Run the graph of ``size`` (captured now if new) on the current buffers; returns ``logits[:size]``."""
+        g = self.graphs.get(size) or self._capture(size)
+        g.replay()
         return self.logits[:size]

@@ -204,23 +204,29 @@ class NativeRollout(Rollout):
                             enabled=self.autocast_dtype is not None, cache_enabled=False):
             runner, num_blocks = self._wake(seqs, spec)
             m["rollout/wake_s"] = _elapsed(t0, self.device)
+            capture0 = self._graphs.capture_s if self._graphs is not None else 0.0
             bm = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching)
             sched = Scheduler(self.scheduler_config, bm, eos)
             for s in seqs:
                 sched.add(s)
             bar = tqdm(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
                        disable=not self.progress)
-            steps = sampled = 0
+            steps = sampled = decode_steps = 0
+            mixed_s = decode_s = 0.0  # wall time of mixed (prefill) steps and of decode bursts
             t1 = time.perf_counter()
             try:
                 while sched.has_unfinished:
                     out = sched.schedule()
+                    ts = time.perf_counter()
                     if sched.is_pure_decode(out):
                         k = sched.extend_for_burst(out, self.max_decode_burst)
                         toks, lps = self._decode_burst(runner, out, k, params)
+                        decode_s += time.perf_counter() - ts  # ends with a host read: GPU time included
+                        decode_steps += k
                     else:
                         k = 1
                         toks, lps = self._mixed_step(runner, out, params)
+                        mixed_s += time.perf_counter() - ts
                     sched.update_burst(out, toks, lps)
                     n = sum(len(t) for t in toks.values())
                     bar.update(n)
@@ -229,6 +235,11 @@ class NativeRollout(Rollout):
             finally:
                 bar.close()
             m["rollout/gen_s"] = _elapsed(t1, self.device)
+            m["rollout/mixed_step_s"] = mixed_s
+            m["rollout/decode_s"] = decode_s
+            m["rollout/decode_steps"] = float(decode_steps)
+            m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # scheduling, bookkeeping
+            m["rollout/graph_capture_s"] = (self._graphs.capture_s - capture0) if self._graphs is not None else 0.0
         t2 = time.perf_counter()
         if self.free_cache_engine:
             self._sleep()
@@ -324,7 +335,10 @@ class NativeRollout(Rollout):
     def metrics(self) -> dict[str, float]:
         """Of the last ``generate``: output tokens/s, mean sequences sampled per engine step over
         ``max_num_seqs``, preemptions, peak fraction of KV blocks in use, blocks shared by prefix,
-        and the seconds spent generating, waking (cache + graphs) and sleeping."""
+        and the seconds spent generating, waking (cache + graphs) and sleeping.  ``gen_s`` splits
+        into ``mixed_step_s`` (steps with prefill), ``decode_s`` (pure-decode bursts, over
+        ``decode_steps`` steps) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
+        this call's CUDA-graph capture time (graphs are captured on first use, inside ``decode_s``)."""
         return dict(self._last_metrics)
 
     @classmethod

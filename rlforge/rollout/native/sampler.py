@@ -1,4 +1,4 @@
-"""Greedy / temperature / top-k / top-p sampling of ``logits: [B, V]`` (float32).
+"""Greedy / temperature / top-k / top-p sampling of ``logits: [B, V]`` (any float dtype).
 
 Order as in transformers' ``generate``: temperature, then top-k, then top-p (keeps the
 smallest set of tokens whose probability reaches ``top_p``, always at least one).
@@ -26,6 +26,13 @@ NON_FINITE = (
 )
 
 
+def _fused_available(device: torch.device) -> bool:
+    """The one-pass Triton sampler (:mod:`rlforge.rollout.native.triton_sampler`) runs here."""
+    from rlforge.rollout.native.attention import _triton_available
+
+    return _triton_available(device)
+
+
 def sample_with_log_probs(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
     with_log_probs: bool = True,
@@ -38,7 +45,15 @@ def sample_with_log_probs(
     the device, False when a row's chosen logit is not finite (a NaN or +inf anywhere in a
     row wins the argmax, so it is caught there); it is returned, not checked, so the caller
     decides when to synchronise.  ``with_log_probs=False`` skips the log-sum-exp pass.
+
+    On CUDA without top-k/top-p the same draw runs as one Triton pass over the logits
+    (:func:`rlforge.rollout.native.triton_sampler.fused_sample`); other cases use torch ops.
     """
+    filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
+    if logits.is_cuda and not filtered and _fused_available(logits.device):
+        from rlforge.rollout.native.triton_sampler import fused_sample
+
+        return fused_sample(logits, params.temperature, params.greedy, generator, with_log_probs)
     x = logits.float()
     if not params.greedy and params.temperature != 1.0:
         x = x / params.temperature
