@@ -3,7 +3,7 @@
 Run on the GPU machine (no internet needed).  The baseline needs ``trl==1.16.0`` and
 ``datasets``; where they are not installed, carry their wheels and those of ``dill`` and
 ``multiprocess`` (``pip download --no-deps`` for the machine's Python) and put them on ``PYTHONPATH``.
-``--skip-trl`` runs rlforge alone.
+``--skip-trl`` runs rlforge alone, ``--skip-rlforge`` TRL alone.
 
     python benchmarks/e2e_grpo.py --tokenizer .tok --out e2e_out
     python benchmarks/e2e_grpo.py --tokenizer .tok --models qwen2.5-0.5b --skip-trl --rlforge-rollout native
@@ -367,6 +367,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5, help="measured steps per run (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--skip-trl", action="store_true", help="run rlforge only")
+    p.add_argument("--skip-rlforge", action="store_true",
+                   help="run TRL only (e.g. on another GPU of the machine, in parallel with an rlforge-only run)")
     p.add_argument("--rlforge-rollout", choices=("hf", "native"), default="hf")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (actor_rollout_ref.model.tokenizer_path)")
     p.add_argument("--out", default="e2e_grpo_out", help="output folder")
@@ -394,7 +396,7 @@ def main() -> int:
     data, reward = write_inputs(out, load_tokenizer("preset:tiny", args.tokenizer), wl)
     runs: list[dict[str, Any]] = []
     for model in (m.removeprefix("preset:") for m in args.models):
-        jobs = [("rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward))]
+        jobs = [] if args.skip_rlforge else [("rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward))]
         if not args.skip_trl:
             jobs.append(("trl", lambda m=model: run_trl(m, wl, args, out, data)))
         for framework, job in jobs:

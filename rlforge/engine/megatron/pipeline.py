@@ -10,8 +10,8 @@ to that shape by the engine.  The last schedule is kept while ``(rows, seq, coun
 (its stages hold receive buffers for every micro-batch, so no more than one is kept).
 
 The loss runs on the last stage through the schedule's ``loss_fn(output, target)``; the
-target of micro-batch ``i`` is the tensor ``[i]``, and the engine's callback (passed through
-``loss_kwargs``) looks the micro-batch up, so the loss sees the micro-batch's own data
+target of micro-batch ``i`` is the tensor ``[i]``, and the engine's callback (held by the
+runner for the step: torch 2.11's ``step`` has no ``loss_kwargs``) looks the micro-batch up, so the loss sees the micro-batch's own data
 (response mask, advantages, old log-probs) and the mini-batch :class:`LossScale`.
 
 Forward-only passes (log-probs, values) use a plain fill-drain loop instead of a schedule:
@@ -157,6 +157,12 @@ class PipelineRunner:
         self.interleaved = len(stages) > 1
         self._cache: dict[tuple[int, int, int], tuple[Any, ComputeTimer]] = {}
         self.last_bubble = 0.0
+        self._loss_cb: LossCallback | None = None  # the running step's loss callback
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The schedules' ``loss_fn(output, target)``: ``target`` holds the micro-batch index."""
+        assert self._loss_cb is not None, "loss outside PipelineRunner.train"
+        return self._loss_cb(int(target.reshape(-1)[0]), output)
 
     # ------------------------------------------------------------------ training
     def min_micro_batches(self, n: int) -> int:
@@ -185,9 +191,9 @@ class PipelineRunner:
             pipe_stages.append(TimedStage(mod, sid, self.num_stages, self.device, input_args=(inp,),
                                           output_args=(out,), group=self.pp_group, timer=timer))
         if self.interleaved:
-            sched = ScheduleInterleaved1F1B(pipe_stages, n, loss_fn=_pipeline_loss, scale_grads=False)
+            sched = ScheduleInterleaved1F1B(pipe_stages, n, loss_fn=self._loss, scale_grads=False)
         else:
-            sched = Schedule1F1B(pipe_stages[0], n, loss_fn=_pipeline_loss, scale_grads=False)
+            sched = Schedule1F1B(pipe_stages[0], n, loss_fn=self._loss, scale_grads=False)
         self._cache[key] = (sched, timer)
         return sched, timer
 
@@ -210,7 +216,11 @@ class PipelineRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        sched.step(*args, target=target, return_outputs=False, loss_kwargs={"loss_cb": timed_loss}, **kwargs)
+        self._loss_cb = timed_loss
+        try:
+            sched.step(*args, target=target, return_outputs=False, **kwargs)
+        finally:
+            self._loss_cb = None
         busy = timer.total_s()
         wall = time.perf_counter() - t0
         self.last_bubble = max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0
@@ -238,8 +248,3 @@ class PipelineRunner:
                         pending.pop(0)[0].wait()
         for work, _ in pending:
             work.wait()
-
-
-def _pipeline_loss(output: torch.Tensor, target: torch.Tensor, loss_cb: LossCallback) -> torch.Tensor:
-    """The schedules' ``loss_fn``: ``target`` holds the micro-batch index."""
-    return loss_cb(int(target.reshape(-1)[0]), output)
