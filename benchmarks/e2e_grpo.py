@@ -18,7 +18,9 @@ Workload (the same for both frameworks; flags change it):
   RL step (rlforge ``ppo_mini_batch_size=64``; TRL ``per_device_train_batch_size x
   gradient_accumulation_steps = 512``), token-mean loss aggregation (TRL ``loss_type="dapo"``),
   clip 0.2, lr 1e-6 constant, grad-norm clip 1.0, gradient checkpointing on, KL coefficient
-  ``--beta`` (default 0: no reference model in either), micro-batches of ``--micro-batch``;
+  ``--beta`` (default 0: no reference model in either); TRL runs padded micro-batches of ``--micro-batch``
+  sequences, rlforge its own token-budget micro-batches (``use_dynamic_bsz``, ``--token-budget`` tokens) with
+  the padding-free forward (``use_remove_padding``), as each framework is meant to be run;
 - a dummy reward: a uniform random number per response.
 
 EOS: nothing stops a response at EOS except sampling it.  A random-weight model samples each
@@ -79,6 +81,7 @@ class Workload:
     prompt_len: int = 256
     response_len: int = 1024
     micro_batch: int = 16
+    token_budget: int = 16384
     beta: float = 0.0
     lr: float = 1e-6
     steps: int = 5
@@ -148,6 +151,9 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
         f"{arr}.ref.log_prob_micro_batch_size_per_gpu={wl.micro_batch}",
         f"{arr}.actor.ppo_mini_batch_size={wl.prompts}", f"{arr}.actor.ppo_micro_batch_size_per_gpu={wl.micro_batch}",
         f"{arr}.actor.ppo_epochs=1", f"{arr}.actor.loss_agg_mode=token-mean", f"{arr}.actor.clip_ratio=0.2",
+        # rlforge's own batching (what its docs recommend): token-budget micro-batches, padding-free forward
+        f"{arr}.actor.use_dynamic_bsz=true", f"{arr}.actor.ppo_max_token_len_per_gpu={wl.token_budget}",
+        f"{arr}.rollout.log_prob_max_token_len_per_gpu={wl.token_budget}", f"{arr}.model.use_remove_padding=true",
         f"{arr}.actor.grad_clip=1.0", f"{arr}.actor.entropy_coeff=0", f"{arr}.actor.optim.lr={wl.lr}",
         f"{arr}.actor.optim.lr_scheduler_type=constant", f"{arr}.actor.optim.weight_decay=0.0",
         f"{arr}.actor.use_kl_loss={'true' if wl.beta > 0 else 'false'}", f"{arr}.actor.kl_loss_coef={wl.beta}",
@@ -369,7 +375,9 @@ def main() -> int:
     p.add_argument("--skip-trl", action="store_true", help="run rlforge only")
     p.add_argument("--skip-rlforge", action="store_true",
                    help="run TRL only (e.g. on another GPU of the machine, in parallel with an rlforge-only run)")
-    p.add_argument("--rlforge-rollout", choices=("hf", "native"), default="hf")
+    p.add_argument("--rlforge-rollout", choices=("hf", "native"), default="native")
+    p.add_argument("--token-budget", type=int, default=16384,
+                   help="rlforge's ppo_max_token_len_per_gpu and log_prob_max_token_len_per_gpu")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (actor_rollout_ref.model.tokenizer_path)")
     p.add_argument("--out", default="e2e_grpo_out", help="output folder")
     p.add_argument("--prompts", type=int, default=64)
@@ -387,8 +395,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.trl_worker:
         return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer)
-    wl = Workload(args.prompts, args.n, args.prompt_len, args.response_len, args.micro_batch, args.beta,
-                  steps=args.steps, warmup=args.warmup)
+    wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
+                  micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
+                  warmup=args.warmup)
     if (wl.prompts * wl.n) % wl.micro_batch:
         p.error(f"--micro-batch {wl.micro_batch} must divide prompts x n = {wl.prompts * wl.n}")
     from rlforge.models import load_tokenizer
