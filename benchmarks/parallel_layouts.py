@@ -1,8 +1,29 @@
 """Actor-update throughput of parallel layouts on 2 GPUs: FSDP2 DP=2 vs TP=2 vs PP=2.
 
-Run on the 2-GPU machine (nvidia-h200-x2), one process per GPU:
+Run on the 2-GPU machine (nvidia-h200-x2) with plain ``python``:
 
-    torchrun --nproc_per_node=2 benchmarks/parallel_layouts.py --model qwen2.5-1.5b qwen2.5-7b
+    python benchmarks/parallel_layouts.py --model qwen2.5-1.5b qwen2.5-7b
+
+Started without torchrun (no ``WORLD_SIZE``), the script is a launcher: for every model and
+row it runs ``python -m torch.distributed.run --standalone --nproc_per_node=<--nproc>`` on
+itself with that one model and row, waits at most ``--row-timeout`` seconds (then the row
+reads ``timeout``; a failed child reads ``failed (see log)``, an out-of-memory one ``out of
+memory``), writes each child's whole output to ``--log-dir`` (``<model>_<row>.log``) and
+prints one table per model at the end.  One process group per row, as a user's job has:
+every engine creates its own process groups (device meshes, TP/PP groups, P2P
+communicators) that live until the process ends, its memory comes back only after a garbage
+collection (the engines hold reference cycles), and when one rank fails (e.g. out of memory, which the other rank's data may not
+hit) the other rank stays inside a collective, so in a shared process one row's failure
+hangs or corrupts the rows after it.  Two runs that mixed FSDP2 and megatron rows in one
+process hung on the H200 machine (not reproduced on CPU with gloo).
+
+Under torchrun the script runs all given models and rows in one process group (as before):
+
+    torchrun --nproc_per_node=2 benchmarks/parallel_layouts.py --model qwen2.5-1.5b --rows fsdp2-ckpt
+
+There an out-of-memory error ends the run (the rank prints ``out of memory`` and exits, and
+torchrun stops the others) instead of leaving the ranks in different rows.  On a machine
+without CUDA the ranks use gloo on the CPU (a smoke run: ``--model tiny``).
 
 The workload is benchmarks/train_throughput.py's (its ``make_batch``): ``--seqs`` sequences per
 GPU, each a 128-token prompt and a long-tailed response (log-normal, 64..2048 tokens), random
@@ -32,10 +53,14 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
+import gc
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -60,6 +85,8 @@ LAYOUTS = {  # name -> (strategy, megatron sizes, packed forward)
     "pp2": ("megatron", {"pipeline_model_parallel_size": 2}, False),
     "pp2v2": ("megatron", {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, False),
 }
+HEADER = f"{'layout':<16} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8} {'micro':>6} {'bubble':>7}"
+OOM_EXIT = 3  # exit status of a worker that ran out of memory
 
 
 def build_engine(row: str, base: torch.nn.Module, device: torch.device, attn: str = ""):
@@ -84,6 +111,7 @@ def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) ->
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     times, bubbles, micros = [], [], []
+    fsdp_micros = _fsdp_micro_batches(batch, args.budget)  # a collective: every rank, every row
     for i in range(args.warmup + args.iters):
         _sync()
         dist.barrier()
@@ -94,7 +122,7 @@ def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) ->
             times.append(time.perf_counter() - t0)
             m = engine.metrics()
             bubbles.append(m.get("parallel/pp_bubble", 0.0))
-            micros.append(m.get("parallel/num_micro_batches", _fsdp_micro_batches(batch, args.budget)))
+            micros.append(m.get("parallel/num_micro_batches", fsdp_micros))
     t = float(all_reduce_max([float(np.median(times))], device)[0])
     seqlens = batch["attention_mask"].sum(-1).tolist()
     tokens, flops = all_reduce_sum([float(sum(seqlens)), 3.0 * forward_flops(base.config, seqlens)], device)
@@ -104,17 +132,19 @@ def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) ->
            "peak_mem_gb": all_reduce_max([mem], device)[0],
            "bubble": all_reduce_sum([float(np.mean(bubbles))], device)[0] / world,
            "micro": int(round(np.mean(micros)))}
-    del engine, actor
+    del engine, actor, loss_fn
+    gc.collect()  # the FSDP2 and pipeline engines sit in reference cycles: `del` alone frees nothing
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
 
 
 def _fsdp_micro_batches(batch, budget: int) -> int:
-    """Token-budget micro-batches of one FSDP rank (its own rows)."""
-    from rlforge.engine.dynamic_batch import token_budget_partition
+    """Token-budget micro-batches of each FSDP rank: the count synchronised over the ranks
+    (the engine's own split; a collective)."""
+    from rlforge.engine.dynamic_batch import split_by_token_budget
 
-    return len(token_budget_partition(batch["attention_mask"].sum(-1).tolist(), budget))
+    return len(split_by_token_budget(batch, budget, "--budget")[0])
 
 
 def _stack_dumps() -> None:
@@ -126,9 +156,8 @@ def _stack_dumps() -> None:
         faulthandler.dump_traceback_later(every, repeat=True)
 
 
-def main() -> int:
-    _stack_dumps()
-    p = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Actor-update throughput of FSDP2 / TP / PP layouts (see the docstring).")
     p.add_argument("--model", nargs="+", default=["qwen2.5-1.5b", "qwen2.5-7b"])
     p.add_argument("--rows", default=DEFAULT_ROWS)
     p.add_argument("--seqs", type=int, default=64, help="sequences per GPU per optimizer step")
@@ -138,10 +167,24 @@ def main() -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
     p.add_argument("--attn", default="rlforge_varlen",
                    help="attention of the packed FSDP2 rows (rlforge_varlen, flex_attention, sdpa)")
-    args = p.parse_args()
+    launcher = p.add_argument_group("launcher (without torchrun)")
+    launcher.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per row")
+    launcher.add_argument("--row-timeout", type=float, default=600.0, help="seconds one row may take")
+    launcher.add_argument("--log-dir", default="parallel_layouts_logs", help="where each row's output goes")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if "WORLD_SIZE" not in os.environ:
-        print("run with torchrun --nproc_per_node=2", file=sys.stderr)
-        return 2
+        return launch(args)
+    _stack_dumps()
+    return worker(args)
+
+
+# ---------------------------------------------------------------------- under torchrun
+def worker(args: argparse.Namespace) -> int:
+    """All models and rows of ``args`` in this process group; rank 0 prints the table."""
     info = init_distributed("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run only
     rank, world, device = info.rank, info.world_size, info.device
     tok = load_tokenizer("preset:tiny", args.tokenizer)
@@ -152,21 +195,124 @@ def main() -> int:
             lens = batch["attention_mask"].sum(-1)
             print(f"\n{model_name}: {world} GPU(s), {args.seqs} seqs/GPU, valid tokens/GPU {int(lens.sum())}, "
                   f"padded {batch['input_ids'].numel()}, max len {int(lens.max())}, budget {args.budget}", flush=True)
-            print(f"{'layout':<16} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8} {'micro':>6} "
-                  f"{'bubble':>7}", flush=True)
+            print(HEADER, flush=True)
         for row in args.rows.split(","):
             try:
                 r = run_row(row, base, batch, args, device, world)
-                line = (f"{row:<16} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
-                        f"{r['peak_mem_gb']:>8.1f} {r['micro']:>6d} {r['bubble']:>7.1%}")
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                line = f"{row:<16} out of memory"
+            except torch.OutOfMemoryError as e:
+                _out_of_memory(row, rank, e)
             if rank == 0:
-                print(line, flush=True)
+                print(f"{row:<16} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
+                      f"{r['peak_mem_gb']:>8.1f} {r['micro']:>6d} {r['bubble']:>7.1%}", flush=True)
         del base
     dist.destroy_process_group()
     return 0
+
+
+def _out_of_memory(row: str, rank: int, err: BaseException) -> NoReturn:
+    """End the process: the other ranks may be inside a collective this rank will never join,
+    so going on to the next row would pair its collectives with theirs (a hang or garbage).
+    torchrun then stops the other ranks."""
+    if rank == 0:
+        print(f"{row:<16} out of memory", flush=True)
+    print(f"[rank {rank}] {row}: out of memory, exiting ({str(err).splitlines()[0] if str(err) else ''})",
+          file=sys.stderr, flush=True)
+    os._exit(OOM_EXIT)
+
+
+# ---------------------------------------------------------------------- launcher
+_FORWARDED = ("seqs", "budget", "warmup", "iters", "tokenizer", "attn")  # options passed on to each row
+
+
+def launch(args: argparse.Namespace) -> int:
+    """One ``torchrun`` per model and row (see the module docstring); prints one table per
+    model.  Returns 1 when a row failed or timed out, else 0."""
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = args.rows.split(",")
+    base_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                os.path.abspath(__file__)]
+    for name in _FORWARDED:
+        if getattr(args, name) is not None:
+            base_cmd += [f"--{name}", str(getattr(args, name))]
+    tables: dict[str, tuple[str, list[str]]] = {}
+    all_ok = True
+    for model in args.model:
+        title, lines = f"{model}:", []
+        for row in rows:
+            log = log_dir / f"{_safe(model)}_{_safe(row)}.log"
+            t0 = time.perf_counter()
+            line, head, ok = _run_row_child([*base_cmd, "--model", model, "--rows", row], row, model, log,
+                                            args.row_timeout)
+            all_ok &= ok
+            title = head or title
+            lines.append(line)
+            print(f"[{model} {row}] {' '.join(line.split()[1:])}  ({time.perf_counter() - t0:.0f} s, log {log})",
+                  file=sys.stderr, flush=True)
+        tables[model] = (title, lines)
+    for title, lines in tables.values():
+        print(f"\n{title}\n{HEADER}", flush=True)
+        for line in lines:
+            print(line, flush=True)
+    print(f"\nlogs: {log_dir}/", flush=True)
+    return 0 if all_ok else 1
+
+
+def _run_row_child(cmd: list[str], row: str, model: str, log: Path, timeout: float) -> tuple[str, str | None, bool]:
+    """Run ``cmd`` (its own process group) with stdout and stderr into ``log``.
+
+    Returns ``(table line, the model's title line or None, ok)``; the table line is rank 0's,
+    or ``<row> timeout`` / ``out of memory`` / ``failed (see log)``."""
+    timed_out = False
+    with log.open("w") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = _stop(proc)
+    text = log.read_text(errors="replace")
+    title = next((ln for ln in text.splitlines() if ln.startswith(f"{model}: ")), None)
+    found = next((ln for ln in text.splitlines() if ln.split()[:1] == [row]), None)
+    if timed_out:
+        return f"{row:<16} timeout", title, False
+    if found is not None:  # rank 0's result (or its "out of memory"), even if the child failed afterwards
+        return found, title, rc == 0 or "out of memory" in found
+    if "out of memory" in text:
+        return f"{row:<16} out of memory", title, True
+    return f"{row:<16} failed (see log)", title, False
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    """SIGTERM torchrun (it stops its workers, which dump their stacks into the log first), then
+    SIGKILL torchrun and the workers it started (their own sessions) if they are still there."""
+    pids = _descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60.0)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [*pids, proc.pid]:  # torchrun did not stop them itself
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Child processes of ``pid``, recursively (Linux ``/proc``; empty elsewhere)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            out += [child, *_descendants(child)]
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 if __name__ == "__main__":
