@@ -125,6 +125,14 @@ def run_native(model, batch: Batch, max_num_seqs: int, **kw) -> tuple[int, float
     return int(out["response_mask"].sum()), time.perf_counter() - t, eng.metrics()
 
 
+def phases(m: dict[str, float]) -> str:
+    """Where a native run's time went, from the engine's ``rollout/`` metrics."""
+    steps = max(m.get("rollout/decode_steps", 0.0), 1.0)
+    return (f"wake {m['rollout/wake_s']:.2f}s, prefill steps {m['rollout/mixed_step_s']:.2f}s, decode "
+            f"{m['rollout/decode_s']:.2f}s ({m['rollout/decode_s'] / steps * 1e3:.1f} ms/step, graph capture "
+            f"{m['rollout/graph_capture_s']:.2f}s), host {m['rollout/host_s']:.2f}s")
+
+
 def profile(model, batch: Batch, max_num_seqs: int) -> None:
     """Host (cProfile, top functions by cumulative time) and device (torch.profiler, top
     kernels) views of one native generate, to see where the time goes."""
@@ -242,7 +250,7 @@ def main() -> None:
                 tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager")
                 roof, comp = floors(model, args.prompts, mns, bw)
                 rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
-                                f"wake {m['rollout/wake_s']:.2f}s"))
+                                phases(m)))
                 print(rows[-1], flush=True)
         if not args.skip_grpo and small:
             group = prompts(args.groups * 8, vocab, seed=2, group=8)
@@ -250,7 +258,8 @@ def main() -> None:
                 tokens, sec, m = run_native(model, group, max(args.max_num_seqs), enable_prefix_caching=prefix)
                 roof, comp = floors(model, args.groups * 8, max(args.max_num_seqs), bw)
                 rows.append(Row(name, f"grpo {args.groups}x8", "native", f"prefix {'on' if prefix else 'off'}",
-                                tokens, sec, roof, comp, f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks"))
+                                tokens, sec, roof, comp,
+                                f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {phases(m)}"))
                 print(rows[-1], flush=True)
         del model
         torch.cuda.empty_cache()
