@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import faulthandler
 import gc
 import os
 import signal
@@ -67,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_throughput import _sync, make_batch, set_attention  # noqa: E402
+from train_throughput import _stack_dumps, _sync, make_batch, set_attention  # noqa: E402
 
 from rlforge.config import ActorConfig, FSDPConfig, MegatronConfig, OptimConfig  # noqa: E402
 from rlforge.engine import ENGINES  # noqa: E402
@@ -145,15 +144,6 @@ def _fsdp_micro_batches(batch, budget: int) -> int:
     from rlforge.engine.dynamic_batch import split_by_token_budget
 
     return len(split_by_token_budget(batch, budget, "--budget")[0])
-
-
-def _stack_dumps() -> None:
-    """Stall diagnosis: every process prints all threads' stacks when stopped by SIGTERM
-    (``timeout``, torchrun) and, with ``RLFORGE_STACK_DUMP_S=N``, every N seconds."""
-    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    every = int(os.environ.get("RLFORGE_STACK_DUMP_S", "0") or 0)
-    if every > 0:
-        faulthandler.dump_traceback_later(every, repeat=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,13 +15,13 @@ from unittest import mock
 
 import pytest
 import torch
+from batches import left_padded_batch
 
 from rlforge.batch import Batch
 from rlforge.engine import varlen
 from rlforge.engine.packing import pack, packed_response_log_probs, packed_response_values
 from rlforge.errors import ModelError
 from rlforge.roles.forward import response_log_probs, response_values
-from rlforge.rollout.base import assemble
 
 EOS = 2
 R = 9
@@ -30,19 +30,7 @@ OVERRIDE = {"initializer_range": 0.2}
 
 def _batch(pad: int, p_lens: list[int], eos_at: list[int | None], seed: int = 0) -> Batch:
     """Left-padded prompts of ``p_lens`` tokens and responses ending at ``eos_at``."""
-    g = torch.Generator().manual_seed(seed)
-    n, width = len(p_lens), max(p_lens)
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    raw = torch.randint(100, 1000, (n, R), generator=g)
-    for i, (p, e) in enumerate(zip(p_lens, eos_at, strict=True)):
-        ids[i, width - p:] = torch.randint(100, 1000, (p,), generator=g)
-        mask[i, width - p:] = 1
-        if e is not None:
-            raw[i, e] = EOS
-    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
-                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
-    return assemble(prompts, raw, [EOS], pad)
+    return left_padded_batch(pad, EOS, p_lens, eos_at, R, seed)
 
 
 @pytest.fixture(scope="module")

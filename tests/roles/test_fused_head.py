@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import left_padded_batch
 
 from rlforge.batch import Batch
 from rlforge.engine.packing import packed_response_log_probs
 from rlforge.models.log_z import PolicyWithLogZ
 from rlforge.roles.forward import response_log_probs, response_log_probs_with_log_z
 from rlforge.roles.fused_head import ChunkedLinearLogProbs, fused_head_unsupported, head_log_probs
-from rlforge.rollout.base import assemble
 
 EOS = 2
 R = 7
@@ -36,21 +36,7 @@ def _model(tok, tied: bool = True, seed: int = 1):
 def batch(tiny_tokenizer):
     """5 rows: left-padded prompts of 1..6 tokens, responses with 1..7 real tokens (EOS at
     different places, one without EOS)."""
-    g = torch.Generator().manual_seed(0)
-    pad = tiny_tokenizer.pad_token_id
-    p_lens, eos_at = [3, 6, 1, 5, 2], [0, 6, 2, None, 4]
-    width = max(p_lens)
-    ids = torch.full((5, width), pad, dtype=torch.long)
-    mask = torch.zeros((5, width), dtype=torch.long)
-    raw = torch.randint(100, 1000, (5, R), generator=g)
-    for i, (n, e) in enumerate(zip(p_lens, eos_at, strict=True)):
-        ids[i, width - n:] = torch.randint(100, 1000, (n,), generator=g)
-        mask[i, width - n:] = 1
-        if e is not None:
-            raw[i, e] = EOS
-    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
-                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
-    b = assemble(prompts, raw, [EOS], pad)
+    b = left_padded_batch(tiny_tokenizer.pad_token_id, EOS, [3, 6, 1, 5, 2], [0, 6, 2, None, 4], R)
     assert b["response_mask"].sum(1).tolist() == [1, 7, 3, 7, 5]
     return b
 
