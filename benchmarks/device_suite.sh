@@ -5,7 +5,8 @@
 #   bash benchmarks/device_suite.sh PHASE ...
 #
 # Phases and their time limits (one device call runs 600 s at most, so pick phases that fit):
-#   tests rollout train   ~8 min   (GPU tests + rollout table on GPU 0, 1-GPU train table on GPU 1, then 2-GPU rows)
+#   tests rollout train   ~8 min   (GPU tests + rollout table on GPU 0; 1-GPU train table + a profiled 1.5B step
+#                                   on GPU 1; then the 2-GPU rows)
 #   layouts               ~8.5 min (parallel_layouts, one torchrun per row)
 #   e2e                   ~9.5 min (rlforge 0.5B then 1.5B on GPU 0, TRL 0.5B on GPU 1, perf reports)
 #   e2e-trl15             ~9.5 min (TRL 1.5B alone)
@@ -41,7 +42,10 @@ fi
 if has train; then
   CUDA_VISIBLE_DEVICES=1 timeout -k 10 240 torchrun --nproc_per_node=1 benchmarks/train_throughput.py \
     --model qwen2.5-0.5b qwen2.5-1.5b --head chunked --iters 2 --tokenizer .tok \
-    --rows fixed-4,fixed-8,fixedrm-8,dyn,dyn-ckpt,dyn-ckpt-offload,fsdp2-dyn,fsdp2-dyn-ckpt > "$OUT/train1.txt" 2>&1 &
+    --rows fixed-4,fixed-8,fixedrm-8,dyn,dyn-ckpt,dyn-ckpt-offload,fsdp2-dyn,fsdp2-dyn-ckpt > "$OUT/train1.txt" 2>&1 &&
+  # where the 1.5B dynamic step's time goes (the MFU goal's gap): top GPU kernels of one profiled step
+  CUDA_VISIBLE_DEVICES=1 timeout -k 10 100 torchrun --nproc_per_node=1 benchmarks/train_throughput.py \
+    --model qwen2.5-1.5b --rows dyn --head chunked --iters 1 --profile --tokenizer .tok > "$OUT/train_profile.txt" 2>&1 &
 fi
 wait
 if has train; then
@@ -54,11 +58,12 @@ if has layouts; then  # one torchrun per row (launcher mode)
     > "$OUT/layouts.txt" 2>&1
 fi
 if has e2e; then  # TRL on GPU 1 beside rlforge on GPU 0, same workload
-  ( CUDA_VISIBLE_DEVICES=1 timeout -k 5 560 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b --skip-rlforge \
+  ( CUDA_VISIBLE_DEVICES=1 timeout -k 5 570 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b --skip-rlforge --run-time-limit 540 \
       --tokenizer .tok --out /tmp/e2e_trl > "$OUT/e2e_trl.txt" 2>&1 ) &
-  for m in qwen2.5-0.5b:230 qwen2.5-1.5b:300; do
+  for m in qwen2.5-0.5b:200 qwen2.5-1.5b:280; do
     limit=${m#*:} m=${m%:*}
-    CUDA_VISIBLE_DEVICES=0 timeout -k 5 "$limit" python3 benchmarks/e2e_grpo.py --models "$m" --skip-trl \
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $((limit + 15)) python3 benchmarks/e2e_grpo.py --models "$m" --skip-trl \
+      --run-time-limit "$limit" \
       --tokenizer .tok --out "/tmp/e2e_$m" >> "$OUT/e2e_rlforge.txt" 2>&1
     timeout 30 python3 -m rlforge.cli perf report "/tmp/e2e_$m/rlforge_$m" --out "/tmp/report_$m" > /dev/null 2>&1
   done
@@ -66,7 +71,8 @@ if has e2e; then  # TRL on GPU 1 beside rlforge on GPU 0, same workload
   (cd /tmp && tar czf "$OUT/e2e.tgz" e2e_* report_* 2>/dev/null)
 fi
 if has e2e-trl15; then
-  timeout -k 5 560 python3 benchmarks/e2e_grpo.py --models qwen2.5-1.5b --skip-rlforge --tokenizer .tok \
+  timeout -k 5 570 python3 benchmarks/e2e_grpo.py --models qwen2.5-1.5b --skip-rlforge --run-time-limit 540 \
+    --tokenizer .tok \
     --out /tmp/e2e_trl15 > "$OUT/e2e_trl15.txt" 2>&1
   (cd /tmp && tar czf "$OUT/e2e_trl15.tgz" e2e_trl15 2>/dev/null)
 fi

@@ -29,7 +29,8 @@ responses end before 1024 tokens, in both frameworks alike; and both generate a 
 longest response ends, so the generation work is the same.  The mean response length of each run
 is in the JSON.
 
-Measured per run, over ``--steps`` steps after ``--warmup`` steps:
+Measured per run, over ``--steps`` steps after ``--warmup`` steps (fewer, marked "(cut)" in the steps column,
+when ``--run-time-limit`` stopped the run first):
 - tokens/s: prompt + response tokens of the step (valid tokens, no padding) / step wall time, on
   one GPU (rlforge ``perf/throughput``; TRL: the increase of ``state.num_input_tokens_seen``,
   which TRL counts the same way, over the time from ``on_step_begin`` to ``on_step_end``);
@@ -205,9 +206,11 @@ def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, d
     cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
            *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout),
            *args.rlforge_extra]
-    _run(cmd, out / f"rlforge_{model}.log")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return summarize_rlforge(rows, wl)
+    finished = _run(cmd, out / f"rlforge_{model}.log", args.run_time_limit)
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    summary = summarize_rlforge(rows, wl)
+    return {**summary, "finished": finished or summary["steps"] >= wl.steps}
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -215,8 +218,12 @@ def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data:
     result = out / f"trl_{model}.json"
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", model, "--workload", json.dumps(asdict(wl)),
            "--data", str(data), "--out", str(out)] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
-    _run(cmd, out / f"trl_{model}.log")
-    return json.loads(result.read_text())
+    result.unlink(missing_ok=True)
+    finished = _run(cmd, out / f"trl_{model}.log", args.run_time_limit)
+    if not result.exists():
+        raise RuntimeError(f"no measured step finished (see {out / f'trl_{model}.log'})")
+    summary = json.loads(result.read_text())
+    return {**summary, "finished": finished or summary["steps"] >= wl.steps}
 
 
 def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: str | None) -> int:
@@ -265,6 +272,8 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             steps.append((self.t0, time.perf_counter(), float(state.num_input_tokens_seen - self.tok0)))
+            if len(steps) > wl.warmup:  # a run stopped by the time limit keeps its measured steps
+                write_result(state.log_history)
 
     def dummy_reward(completions: list[Any], **kw: Any) -> list[float]:
         return [random.random() for _ in completions]
@@ -280,63 +289,86 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
         save_strategy="no", report_to="none", shuffle_dataset=False, seed=0, dataloader_num_workers=0,
         disable_tqdm=True, log_completions=False,
     )
-    trainer = TimedGRPOTrainer(model=model, reward_funcs=dummy_reward, args=cfg, train_dataset=dataset,
-                               processing_class=tok, callbacks=[StepTimer()])
     read = nvml_reader([torch.cuda.current_device()]) if torch.cuda.is_available() else None
     sampler = GpuSampler(read) if read is not None else None
     wall0 = time.perf_counter()
+
+    def write_result(log_history: list[dict[str, Any]]) -> None:
+        """``OUT/trl_<model>.json`` from the measured steps so far."""
+        wall = time.perf_counter() - wall0
+        measured = steps[wl.warmup:]
+        lengths = [h["completions/mean_length"] for h in log_history
+                   if "completions/mean_length" in h and h.get("step", 0) > wl.warmup]
+        per_step = []
+        for t0, t1, tokens in measured:
+            gen = [(e.start_s, e.end_s) for e in timeline.events if e.name == "gen" and t0 <= e.start_s <= t1]
+            gas = [(e.start_s, e.end_s) for e in timeline.events
+                   if e.name == "generate_and_score" and t0 <= e.start_s <= t1]
+            gpu = gpu_step_metrics(sampler.samples(t0, t1), (t0, t1), {"gen": gen}) if sampler else {}
+            per_step.append({"s": t1 - t0, "tokens": tokens, "gen_s": sum(b - a for a, b in gen),
+                             "gas_s": sum(b - a for a, b in gas), **gpu})
+        n = len(per_step)
+        step_s = sum(p["s"] for p in per_step)
+        gen_s = sum(p["gen_s"] for p in per_step)
+        gas_s = sum(p["gas_s"] for p in per_step)
+        result = {
+            "steps": n, "tokens_per_s": sum(p["tokens"] for p in per_step) / step_s, "s_per_step": step_s / n,
+            "s_per_step_wall": (measured[-1][1] - steps[wl.warmup - 1][1]) / n if wl.warmup > 0 else None,
+            "gen_s": gen_s / n, "train_s": (step_s - gen_s) / n,
+            "gpu_util": _mean([p["perf/gpu_util/mean"] for p in per_step if "perf/gpu_util/mean" in p]),
+            "idle_ratio": _mean([p["perf/idle_ratio"] for p in per_step if "perf/idle_ratio" in p]),
+            "sampler_overhead": sampler.cpu_time_s() / wall if sampler else None,
+            "tokens_per_step": sum(p["tokens"] for p in per_step) / n,
+            "response_length_mean": _mean(lengths),
+            "stages_s": {"gen": gen_s / n, "score_and_logp": (gas_s - gen_s) / n, "train": (step_s - gas_s) / n},
+            "stages_gpu_util": {"gen": _mean([p["perf/gpu_util/gen"] for p in per_step if "perf/gpu_util/gen" in p])},
+        }
+        (out / f"trl_{model_name}.json").write_text(json.dumps(result, indent=1))
+
+    trainer = TimedGRPOTrainer(model=model, reward_funcs=dummy_reward, args=cfg, train_dataset=dataset,
+                               processing_class=tok, callbacks=[StepTimer()])
+    wall0 = time.perf_counter()  # write_result reads it when called
     if sampler:
         sampler.start()
     trainer.train()
     if sampler:
         sampler.stop()
-    wall = time.perf_counter() - wall0
-    measured = steps[wl.warmup:]
-    lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-               if "completions/mean_length" in h and h.get("step", 0) > wl.warmup]
-    per_step = []
-    for t0, t1, tokens in measured:
-        gen = [(e.start_s, e.end_s) for e in timeline.events if e.name == "gen" and t0 <= e.start_s <= t1]
-        gas = [(e.start_s, e.end_s) for e in timeline.events
-               if e.name == "generate_and_score" and t0 <= e.start_s <= t1]
-        gpu = gpu_step_metrics(sampler.samples(t0, t1), (t0, t1), {"gen": gen}) if sampler else {}
-        per_step.append({"s": t1 - t0, "tokens": tokens, "gen_s": sum(b - a for a, b in gen),
-                         "gas_s": sum(b - a for a, b in gas), **gpu})
-    n = len(per_step)
-    step_s = sum(p["s"] for p in per_step)
-    gen_s = sum(p["gen_s"] for p in per_step)
-    gas_s = sum(p["gas_s"] for p in per_step)
-    result = {
-        "steps": n, "tokens_per_s": sum(p["tokens"] for p in per_step) / step_s, "s_per_step": step_s / n,
-        "s_per_step_wall": (measured[-1][1] - steps[wl.warmup - 1][1]) / n if wl.warmup > 0 else None,
-        "gen_s": gen_s / n, "train_s": (step_s - gen_s) / n,
-        "gpu_util": _mean([p["perf/gpu_util/mean"] for p in per_step if "perf/gpu_util/mean" in p]),
-        "idle_ratio": _mean([p["perf/idle_ratio"] for p in per_step if "perf/idle_ratio" in p]),
-        "sampler_overhead": sampler.cpu_time_s() / wall if sampler else None,
-        "tokens_per_step": sum(p["tokens"] for p in per_step) / n,
-        "response_length_mean": _mean(lengths),
-        "stages_s": {"gen": gen_s / n, "score_and_logp": (gas_s - gen_s) / n, "train": (step_s - gas_s) / n},
-        "stages_gpu_util": {"gen": _mean([p["perf/gpu_util/gen"] for p in per_step if "perf/gpu_util/gen" in p])},
-    }
-    (out / f"trl_{model_name}.json").write_text(json.dumps(result, indent=1))
+    write_result(trainer.state.log_history)
     return 0
 
 
 # ---------------------------------------------------------------------------- output
-def _run(cmd: list[str], log: Path) -> None:
+def _run(cmd: list[str], log: Path, time_limit: float | None = None) -> bool:
+    """Run ``cmd`` with its output in ``log``; True when it finished, False when ``time_limit``
+    seconds ran out first (the run is then stopped and summarised from the steps it completed).
+
+    Raises RuntimeError when it exits with an error."""
     print(f"$ {' '.join(cmd[:6])} ... (log: {log})", flush=True)
     with log.open("w") as fh:
-        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=ENV).returncode
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=ENV)
+        try:
+            rc = proc.wait(timeout=time_limit)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            print(f"  stopped after {time_limit:.0f} s (--run-time-limit); summarising the completed steps", flush=True)
+            return False
     if rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"exit status {rc}; last lines of {log}:\n{tail}")
+    return True
 
 
 def _f(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-COLUMNS = ("model", "framework", "tokens/s", "s/step", "gen s", "train s", "GPU util %", "idle ratio", "vs TRL")
+COLUMNS = ("model", "framework", "steps", "tokens/s", "s/step", "gen s", "train s", "GPU util %", "idle ratio",
+           "vs TRL")
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> str:
@@ -351,7 +383,8 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
         base = trl.get(r["model"])
         ratio = r["tokens_per_s"] / base["tokens_per_s"] if base else None
         lines.append(" | ".join([
-            f"| {r['model']}", r["framework"], _f(r["tokens_per_s"], ".0f"), _f(r["s_per_step"], ".2f"),
+            f"| {r['model']}", r["framework"], f"{r['steps']}{'' if r.get('finished', True) else ' (cut)'}",
+            _f(r["tokens_per_s"], ".0f"), _f(r["s_per_step"], ".2f"),
             _f(r["gen_s"], ".2f"), _f(r["train_s"], ".2f"), _f(r["gpu_util"], ".1f"), _f(r["idle_ratio"], ".3f"),
             _f(ratio, ".2f") + " |",
         ]))
@@ -387,6 +420,9 @@ def main() -> int:
     p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward, both frameworks")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     p.add_argument("--rlforge-extra", nargs="*", default=[], help="extra rlforge overrides, key=value")
+    p.add_argument("--run-time-limit", type=float, default=None,
+                   help="seconds per framework run; a run still going then is stopped and its table row is computed "
+                        "from the measured steps it completed (the steps column says how many)")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
