@@ -120,30 +120,37 @@ def block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.T
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
-    ids, pos, slots, qs, ql, cl, bts, rows, sids = [], [], [], [], [], [], [], [], []
+    """The step's host inputs: new tokens, positions and KV slots per scheduled sequence (numpy
+    per sequence, not a Python loop per token: a prefill step carries up to
+    ``max_num_batched_tokens`` tokens)."""
+    ids: list[int] = []
+    pos: list[np.ndarray] = []
+    slots: list[np.ndarray] = []
+    qs, ql, cl, bts, rows, sids = [], [], [], [], [], []
     for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
         start = seq.num_computed_tokens
         qs.append(len(ids))
-        toks = seq.token_ids
-        ids.extend(toks[start:start + n])
-        for p in range(start, start + n):
-            pos.append(p)
-            slots.append(seq.block_table[p // block_size] * block_size + p % block_size)
+        ids.extend(seq.token_ids[start:start + n])
+        p = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(seq.block_table[: -(-(start + n) // block_size)], dtype=np.int64)
+        pos.append(p)
+        slots.append(table[p // block_size] * block_size + p % block_size)
         ql.append(n)
         cl.append(start + n)
-        bts.append(list(seq.block_table[: -(-(start + n) // block_size)]))
+        bts.append(table.tolist())
         if start + n == seq.num_tokens:
             rows.append(len(ids) - 1)
             sids.append(seq.seq_id)
-    return step_inputs(ids, pos, slots, qs, ql, cl, bts, rows, sids, device, block_size)
+    return step_inputs(ids, np.concatenate(pos), np.concatenate(slots), qs, ql, cl, bts, rows, sids, device,
+                       block_size)
 
 
 def step_inputs(
-    ids: list[int], pos: list[int], slots: list[int], qs: list[int], ql: list[int], cl: list[int],
-    bts: list[list[int]], rows: list[int], sids: list[int], device: torch.device, block_size: int,
+    ids: list[int], pos: list[int] | np.ndarray, slots: list[int] | np.ndarray, qs: list[int], ql: list[int],
+    cl: list[int], bts: list[list[int]], rows: list[int], sids: list[int], device: torch.device, block_size: int,
 ) -> StepInputs:
-    """:class:`StepInputs` from host lists (see its fields), with the decode/prefill split."""
-    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    """:class:`StepInputs` from host lists or int64 arrays (see its fields), with the decode/prefill split."""
+    t = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64)).to(device, non_blocking=True)  # noqa: E731
     inp = StepInputs(t(ids), t(pos), t(slots), qs, ql, cl, bts, rows, sids)
     dec = [i for i, n in enumerate(ql) if n == 1]
     if dec:
