@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,22 @@ def load_metrics(path: Path) -> list[dict[str, float]]:
         raise DataError(f"{path} not found: `rlforge perf report` needs the metrics of a run made with "
                         "trainer.logger=[console,file] (or any list with 'file')")
     by_step: dict[int, dict[str, float]] = {}
+    for where, obj in _jsonl_objects(path):
+        step = obj.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise DataError(f"{where}: no integer 'step' field")
+        by_step[step] = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
+    if not by_step:
+        raise DataError(f"{path} has no metrics (it is empty)")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("<path> line <n>", object)`` for each non-blank line of a JSON-lines file.
+
+    Raises:
+        DataError: a line is not valid JSON or not a JSON object (the message names file and line).
+    """
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -85,13 +102,7 @@ def load_metrics(path: Path) -> list[dict[str, float]]:
                 raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            step = obj.get("step")
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise DataError(f"{where}: no integer 'step' field")
-            by_step[step] = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
-    if not by_step:
-        raise DataError(f"{path} has no metrics (it is empty)")
-    return [by_step[s] for s in sorted(by_step)]
+            yield where, obj
 
 
 def _rank_of(path: Path, prefix: str) -> int | None:
@@ -140,15 +151,9 @@ def load_samples(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
         if rank is None:
             continue
         rows = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not {"time_s", "util_pct"} <= set(row):
-                raise DataError(f"{path} line {lineno}: expected an object with 'time_s' and 'util_pct'")
+        for where, row in _jsonl_objects(path):
+            if not {"time_s", "util_pct"} <= set(row):
+                raise DataError(f"{where}: expected an object with 'time_s' and 'util_pct'")
             rows.append(row)
         out[rank] = rows
     return out

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import user_error
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 TINY = ["actor_rollout_ref.model.path=preset:tiny", "trainer.device=cpu"]
@@ -23,17 +24,6 @@ ONE = ["data.val_files=null", "data.train_batch_size=1", "actor_rollout_ref.acto
 def cli(*args: str, module: str = "rlforge.cli", cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=ENV,
                           timeout=120, cwd=cwd)
-
-
-def user_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Assert a clean user error (status 2, no traceback) whose message contains ``fragments``."""
-    assert "Traceback" not in res.stderr, res.stderr
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    errors = [line for line in res.stderr.splitlines() if line.startswith("rlforge: error: ")]
-    assert len(errors) == 1, res.stderr
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
-    return errors[0]
 
 
 def test_unknown_key_suggests_closest():

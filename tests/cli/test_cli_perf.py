@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import user_error
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
@@ -18,15 +19,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlforge.cli", *args], capture_output=True, text=True, env=ENV,
                           timeout=120)
-
-
-def user_error(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert "Traceback" not in res.stderr, res.stderr
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    errors = [line for line in res.stderr.splitlines() if line.startswith("rlforge: error: ")]
-    assert len(errors) == 1, res.stderr
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
 
 
 def test_report_of_a_missing_run_dir(tmp_path: Path):

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers (also for worker scripts)
+from helpers import left_padded_batch  # noqa: E402
+
 EOS = 2
 TEMPERATURE = 0.9
 ROWS = 6
@@ -29,27 +32,22 @@ def load_model():
     return load_causal_lm("preset:tiny", tok, {"initializer_range": 0.2}, seed=3), tok
 
 
+def local_engine(model):
+    """The single-process reference engine with the actor config's optimizer and schedule."""
+    from rlforge.engine import LocalEngine, build_optimizer, build_scheduler
+
+    cfg = actor_cfg("seq-mean-token-mean")
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    sched = build_scheduler(opt, cfg.optim, 10, "optim")
+    return LocalEngine(model, torch.device("cpu"), opt, sched, grad_clip=cfg.grad_clip)
+
+
 def make_batch(model, tok):
     """6 sequences, left-padded prompts of 2..7 tokens, responses with 1..8 valid tokens."""
-    from rlforge.batch import Batch
     from rlforge.roles.forward import response_log_probs
-    from rlforge.rollout.base import assemble
 
-    g = torch.Generator().manual_seed(0)
-    pad = tok.pad_token_id
-    p_lens, eos_at, R = [2, 7, 4, 5, 3, 6], [0, 7, 3, None, 5, 1], 8
-    width = max(p_lens)
-    ids = torch.full((ROWS, width), pad, dtype=torch.long)
-    mask = torch.zeros((ROWS, width), dtype=torch.long)
-    raw = torch.randint(100, 1000, (ROWS, R), generator=g)
-    for i, (n, e) in enumerate(zip(p_lens, eos_at, strict=True)):
-        ids[i, width - n:] = torch.randint(100, 1000, (n,), generator=g)
-        mask[i, width - n:] = 1
-        if e is not None:
-            raw[i, e] = EOS
-    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
-                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
-    b = assemble(prompts, raw, [EOS], pad)
+    b = left_padded_batch(tok.pad_token_id, EOS, [2, 7, 4, 5, 3, 6], [0, 7, 3, None, 5, 1], 8)
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         logp, _ = response_log_probs(model.eval(), b, TEMPERATURE, with_entropy=False)
     model.train()

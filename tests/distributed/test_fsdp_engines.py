@@ -20,16 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_common as dc  # noqa: E402
 
-from rlforge.engine import LocalEngine, build_optimizer, build_scheduler  # noqa: E402
-
 MODE = "seq-mean-token-mean"
-
-
-def _local_engine(model):
-    cfg = dc.actor_cfg(MODE)
-    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
-    sched = build_scheduler(opt, cfg.optim, 10, "optim")
-    return LocalEngine(model, torch.device("cpu"), opt, sched, grad_clip=cfg.grad_clip)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +32,7 @@ def references():
         if chunk not in cache:
             model, tok = dc.load_model()
             batch = dc.make_batch(model, tok)
-            engine = _local_engine(model)
+            engine = dc.local_engine(model)
             metrics, logp = dc.run_actor(engine, batch, MODE, micro=2, chunk=chunk)
             cache[chunk] = (metrics, logp, engine.state_dict())
         return cache[chunk]
@@ -103,7 +94,7 @@ def test_one_step_matches_local_engine(case, references, tmp_path):
     assert r["root_resharded"] == (CASES[case]["strategy"] == "fsdp2")
     # the FSDP checkpoint loads into LocalEngine (same keys, same optimizer format)
     model, _ = dc.load_model()
-    local = _local_engine(model)
+    local = dc.local_engine(model)
     local.load_state_dict(r["state"])
     _close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
     if CASES[case].get("reload"):  # and back into a fresh FSDP2 engine

@@ -23,18 +23,11 @@ import dist_common as dc  # noqa: E402
 import megatron_worker as mw  # noqa: E402
 
 from rlforge.algorithms import loss_agg_globals  # noqa: E402
-from rlforge.engine import LocalEngine, LossScale, build_optimizer, build_scheduler  # noqa: E402
+from rlforge.engine import LossScale  # noqa: E402
 from rlforge.roles.actor import Actor  # noqa: E402
 from rlforge.roles.forward import response_log_probs  # noqa: E402
 
 MODE = "seq-mean-token-mean"
-
-
-def _local_engine(model):
-    cfg = dc.actor_cfg(MODE)
-    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
-    sched = build_scheduler(opt, cfg.optim, 10, "optim")
-    return LocalEngine(model, torch.device("cpu"), opt, sched, grad_clip=cfg.grad_clip)
 
 
 @functools.cache
@@ -45,13 +38,13 @@ def reference(layers: int = 2) -> dict:
     with torch.no_grad():
         logp0, ent0 = response_log_probs(model.eval(), batch, dc.TEMPERATURE, with_entropy=True)
     model.train()
-    actor = Actor(_local_engine(model), dc.actor_cfg(MODE), len(batch), len(batch), 2)
+    actor = Actor(dc.local_engine(model), dc.actor_cfg(MODE), len(batch), len(batch), 2)
     scale = LossScale(**loss_agg_globals(batch["response_mask"].float()))
     loss, _ = actor._loss_fn(dc.TEMPERATURE)(model, batch, scale)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    engine = _local_engine(model)
+    engine = dc.local_engine(model)
     metrics, logp = dc.run_actor(engine, batch, MODE, micro=2)
     return {"logp_before": logp0, "entropy_before": ent0, "grads": grads, "metrics": metrics, "logp": logp,
             "state": engine.state_dict()}
@@ -103,7 +96,7 @@ def _check(r: dict, ref: dict) -> None:
     _close_states(r["synced"], r["state"]["model"], atol=0)
     _close_states(r["reloaded_state"]["model"], r["state"]["model"], atol=0)
     _close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])
-    local = _local_engine(mw.load_model(len({k.split(".")[2] for k in r["grads"] if ".layers." in k}))[0])
+    local = dc.local_engine(mw.load_model(len({k.split(".")[2] for k in r["grads"] if ".layers." in k}))[0])
     local.load_state_dict(r["state"])  # the megatron checkpoint loads into LocalEngine
     _close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
 
@@ -132,7 +125,7 @@ def test_value_model_matches_single_process(tmp_path):
     critic_model = load_value_model("preset:tiny", tok, {"initializer_range": 0.2}, seed=3)
     cfg = CriticConfig()
     cfg.loss_agg_mode, cfg.ppo_epochs = MODE, 1
-    engine = _local_engine(critic_model)
+    engine = dc.local_engine(critic_model)
     critic = Critic(engine, cfg, len(batch), len(batch), 2)
     values = critic.compute_values(batch)
     captured = {}

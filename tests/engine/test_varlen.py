@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 import torch
-from batches import left_padded_batch
+from helpers import left_padded_batch
 
 from rlforge.batch import Batch
 from rlforge.engine import varlen

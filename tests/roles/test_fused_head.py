@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from batches import left_padded_batch
+from helpers import left_padded_batch
 
 from rlforge.batch import Batch
 from rlforge.engine.packing import packed_response_log_probs

@@ -1,7 +1,9 @@
-"""Hand-built rollout batches shared by tests (``tests/`` is on ``sys.path`` through pytest's
-``pythonpath`` setting in ``pyproject.toml``)."""
+"""Helpers shared by tests (``tests/`` is on ``sys.path`` through pytest's ``pythonpath``
+setting in ``pyproject.toml``; the gloo worker scripts add it themselves)."""
 
 from __future__ import annotations
+
+import subprocess
 
 import torch
 
@@ -26,3 +28,15 @@ def left_padded_batch(pad: int, eos: int, p_lens: list[int], eos_at: list[int | 
     prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
                                "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
     return assemble(prompts, raw, [eos], pad)
+
+
+def user_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Assert a clean user error of the CLI (status 2, no traceback, one ``rlforge: error:`` line)
+    whose message contains ``fragments``; returns that line."""
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(errors) == 1, res.stderr
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+    return errors[0]
