@@ -42,6 +42,22 @@ def local_engine(model):
     return LocalEngine(model, torch.device("cpu"), opt, sched, grad_clip=cfg.grad_clip)
 
 
+def close_states(a: dict, b: dict, atol: float = 1e-5) -> None:
+    """Assert two state dicts hold the same keys and close tensors."""
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=1e-5), (k, (a[k] - b[k]).abs().max())
+
+
+def close_optim(a: dict, b: dict) -> None:
+    """Assert two optimizer state dicts match (same groups, close per-parameter state)."""
+    assert len(a["state"]) == len(b["state"]) and len(a["param_groups"]) == len(b["param_groups"])
+    for i, s in a["state"].items():
+        for k, v in s.items():
+            assert torch.allclose(torch.as_tensor(v).float(), torch.as_tensor(b["state"][i][k]).float(),
+                                  atol=1e-6, rtol=1e-4), (i, k)
+
+
 def make_batch(model, tok):
     """6 sequences, left-padded prompts of 2..7 tokens, responses with 1..8 valid tokens."""
     from rlforge.roles.forward import response_log_probs

@@ -40,20 +40,6 @@ def references():
     return get
 
 
-def _close_states(a: dict, b: dict, atol: float = 1e-5) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=1e-5), k
-
-
-def _close_optim(a: dict, b: dict) -> None:
-    assert len(a["state"]) == len(b["state"]) and len(a["param_groups"]) == len(b["param_groups"])
-    for i, s in a["state"].items():
-        for k, v in s.items():
-            assert torch.allclose(torch.as_tensor(v).float(), torch.as_tensor(b["state"][i][k]).float(),
-                                  atol=1e-6, rtol=1e-4), (i, k)
-
-
 CASES = {
     "fsdp2": {"strategy": "fsdp2", "reload": True},
     "fsdp1": {"strategy": "fsdp"},
@@ -79,10 +65,10 @@ def test_one_step_matches_local_engine(case, references, tmp_path):
         assert m[k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=loss_abs), k
     assert m["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)
     assert m["grad_norm"] > 1.0  # clipping at 1.0 was active
-    _close_states(r["state"]["model"], ref_state["model"])
-    _close_optim(r["state"]["optimizer"], ref_state["optimizer"])
+    dc.close_states(r["state"]["model"], ref_state["model"])
+    dc.close_optim(r["state"]["optimizer"], ref_state["optimizer"])
     assert r["state"]["scheduler"] == ref_state["scheduler"]
-    _close_states(r["synced"], r["state"]["model"], atol=0)
+    dc.close_states(r["synced"], r["state"]["model"], atol=0)
     assert torch.allclose(r["logp"], ref_logp, atol=1e-5)
     if chunk:  # and the chunked step is the full-logits step, to rounding (0 at padding)
         full_metrics, full_logp, full_state = references(0)
@@ -90,13 +76,13 @@ def test_one_step_matches_local_engine(case, references, tmp_path):
         mask = dc.make_batch(model, tok)["response_mask"].bool()
         assert torch.allclose(r["logp"][mask], full_logp[mask], atol=1e-5)
         assert m["grad_norm"] == pytest.approx(full_metrics["grad_norm"], rel=1e-5)
-        _close_states(r["state"]["model"], full_state["model"])
+        dc.close_states(r["state"]["model"], full_state["model"])
     assert r["root_resharded"] == (CASES[case]["strategy"] == "fsdp2")
     # the FSDP checkpoint loads into LocalEngine (same keys, same optimizer format)
     model, _ = dc.load_model()
     local = dc.local_engine(model)
     local.load_state_dict(r["state"])
-    _close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
+    dc.close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
     if CASES[case].get("reload"):  # and back into a fresh FSDP2 engine
-        _close_states(r["reloaded"], r["state"]["model"], atol=0)
-        _close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])
+        dc.close_states(r["reloaded"], r["state"]["model"], atol=0)
+        dc.close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])

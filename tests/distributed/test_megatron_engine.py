@@ -50,20 +50,6 @@ def reference(layers: int = 2) -> dict:
             "state": engine.state_dict()}
 
 
-def _close_states(a: dict, b: dict, atol: float = 1e-5) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=1e-5), (k, (a[k] - b[k]).abs().max())
-
-
-def _close_optim(a: dict, b: dict) -> None:
-    assert len(a["state"]) == len(b["state"]) and len(a["param_groups"]) == len(b["param_groups"])
-    for i, s in a["state"].items():
-        for k, v in s.items():
-            assert torch.allclose(torch.as_tensor(v).float(), torch.as_tensor(b["state"][i][k]).float(),
-                                  atol=1e-6, rtol=1e-4), (i, k)
-
-
 CASES = {
     "tp2": (2, {"tp": 2, "micro": 2}),
     "tp2-sp-ckpt": (2, {"tp": 2, "sp": True, "ckpt": True, "micro": 2}),
@@ -89,16 +75,16 @@ def _check(r: dict, ref: dict) -> None:
     assert m["grad_norm"] > 1.0  # clipping at 1.0 was active
     # AdamW's first step is lr * g / (|g| + eps): elements whose gradient is ~0 amplify the 1e-7
     # relative differences of another reduction order, so the updated weights get 5% of one step (lr=1e-3)
-    _close_states(r["state"]["model"], ref["state"]["model"], atol=5e-5)
-    _close_optim(r["state"]["optimizer"], ref["state"]["optimizer"])
+    dc.close_states(r["state"]["model"], ref["state"]["model"], atol=5e-5)
+    dc.close_optim(r["state"]["optimizer"], ref["state"]["optimizer"])
     assert r["state"]["scheduler"] == ref["state"]["scheduler"]
     assert torch.allclose(r["logp"], ref["logp"], atol=1e-4)
-    _close_states(r["synced"], r["state"]["model"], atol=0)
-    _close_states(r["reloaded_state"]["model"], r["state"]["model"], atol=0)
-    _close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])
+    dc.close_states(r["synced"], r["state"]["model"], atol=0)
+    dc.close_states(r["reloaded_state"]["model"], r["state"]["model"], atol=0)
+    dc.close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])
     local = dc.local_engine(mw.load_model(len({k.split(".")[2] for k in r["grads"] if ".layers." in k}))[0])
     local.load_state_dict(r["state"])  # the megatron checkpoint loads into LocalEngine
-    _close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
+    dc.close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
 
 
 @pytest.mark.parametrize("case", list(CASES))
