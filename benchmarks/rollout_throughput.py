@@ -8,7 +8,7 @@ Workloads (random-weight ``preset:`` models in bf16, sampling at temperature 1, 
 
 Rows: transformers ``generate`` at each ``--hf-batch`` size (one batch each; its best size is
 the baseline), and the native engine with Triton or torch decode attention, with and without
-CUDA graphs.  Each row reports output tokens/s, the ratio to the best ``generate``, and the
+CUDA graphs, with and without the fused Triton layer kernels (``-unfused``).  Each row reports output tokens/s, the ratio to the best ``generate``, and the
 fraction of the decode roofline: the bytes one decode step must read (all weights once, plus
 every running sequence's K/V so far) summed over the run's decode steps, over the device
 bandwidth measured in the same run, divided by the measured time.  The compute floor (2 x
@@ -208,11 +208,12 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"])
     ap.add_argument("--prompts", type=int, default=1024)
     ap.add_argument("--groups", type=int, default=128)
-    ap.add_argument("--hf-batch", type=int, nargs="*", default=[256, 512])
+    ap.add_argument("--hf-batch", type=int, nargs="*", default=[256, 512, 1024])
     ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], help="models that also run generate")
     ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1024])
-    ap.add_argument("--variants", default="triton-graph,torch-graph,triton-eager",
-                    help="native variants: ATTENTION-{graph,eager}")
+    ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
+                    help="native variants: ATTENTION-{graph,eager}[-unfused] (unfused: the layers' elementwise "
+                         "work in eager torch ops instead of the fused Triton kernels)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true")
@@ -246,8 +247,10 @@ def main() -> None:
         small = name in args.hf_models
         for mns in args.max_num_seqs if small else args.big_max_num_seqs:
             for v in (args.variants if small else args.big_variants).split(","):
-                attn, mode = v.split("-")
-                tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager")
+                attn, mode, *rest = v.split("-")
+                fused = False if rest == ["unfused"] else None
+                tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager",
+                                            fused_kernels=fused)
                 roof, comp = floors(model, args.prompts, mns, bw)
                 rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
                                 phases(m)))

@@ -66,6 +66,8 @@ class NativeRollout(Rollout):
         ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
         max_decode_burst: decode steps run on the device between two host reads.
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
+        fused_kernels: the decoder layers' elementwise work in fused Triton kernels
+            (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
 
     Raises ValueError for a non-positive size.
     """
@@ -94,6 +96,7 @@ class NativeRollout(Rollout):
         ignore_eos: bool = False,
         max_decode_burst: int = 16,
         attention: str = "auto",
+        fused_kernels: bool | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"rollout block_size must be >= 1, got {block_size}")
@@ -121,6 +124,7 @@ class NativeRollout(Rollout):
         self.ignore_eos = ignore_eos
         self.max_decode_burst = max_decode_burst
         self.attention = attention
+        self.fused_kernels = fused_kernels
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
         self._last_metrics: dict[str, float] = {}
@@ -176,7 +180,7 @@ class NativeRollout(Rollout):
             self._sleep()
             self._cache = KVCache.allocate(spec.num_layers, num_blocks + 1, self.block_size, spec.num_kv_heads,
                                            spec.head_dim, self._cache_dtype(), self.device)
-            self._runner = ModelRunner(self.module, self._cache, self.attention)
+            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels)
             if self.use_graphs:
                 sizes = capture_sizes(self.cudagraph_capture_sizes, batch)
                 self._graphs = DecodeGraphs(self._runner, sizes, max_blocks, num_blocks * self.block_size)

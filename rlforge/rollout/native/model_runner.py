@@ -184,14 +184,26 @@ class ModelRunner:
     the sampled rows' logits) or :meth:`decode` (pure decode, returns every row's logits).
 
     ``attention``: ``auto`` | ``triton`` | ``torch`` for decode rows (see :mod:`.attention`).
+    ``fused``: the layers' elementwise work in the Triton kernels of
+    :mod:`.triton_fused` (four launches per layer instead of ~30); None = exactly when the
+    attention backend is ``triton`` (CUDA with Triton).  Raises ValueError for ``fused=True``
+    where Triton cannot run.
     """
 
-    def __init__(self, module: nn.Module, cache: KVCache, attention: str = "auto") -> None:
+    def __init__(self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None) -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
         self.cache = cache
         self.backend = resolve_backend(attention, cache.data.device)
         self.scale = self.spec.head_dim ** -0.5
+        half = self.spec.head_dim // 2
+        shape_ok = self.spec.head_dim % 2 == 0 and half & (half - 1) == 0  # the RoPE kernel's head layout
+        if fused is None:
+            fused = self.backend == "triton" and shape_ok
+        elif fused and (resolve_backend("auto", cache.data.device) != "triton" or not shape_ok):
+            raise ValueError("the fused rollout kernels need a CUDA device, the triton package and a power-of-two "
+                             f"head dimension (this model's is {self.spec.head_dim})")
+        self.fused = bool(fused)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rot = self.module.model.rotary_emb
@@ -223,6 +235,8 @@ class ModelRunner:
         attend: Callable[[torch.Tensor, int], torch.Tensor],
     ) -> torch.Tensor:
         """The decoder layers over ``T`` flat tokens; writes their K/V at ``slot_mapping``; returns ``h: [T, hidden]``."""
+        if self.fused:
+            return self._body_fused(input_ids, positions, slot_mapping, attend)
         s, m = self.spec, self.module.model
         h = F.embedding(input_ids, m.embed_tokens.weight)
         cos, sin = self._rope(positions, h.dtype)
@@ -247,6 +261,37 @@ class ModelRunner:
             mlp = layer.mlp
             h = h + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
         return h
+
+    def _body_fused(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+        attend: Callable[[torch.Tensor, int], torch.Tensor],
+    ) -> torch.Tensor:
+        """:meth:`_body` with the elementwise work in the Triton kernels of :mod:`.triton_fused`:
+        each residual add is fused into the next RMSNorm, RoPE into the K/V cache write."""
+        from rlforge.rollout.native.triton_fused import add_rms_norm, rope_and_cache, silu_mul
+
+        s, m = self.spec, self.module.model
+        h = F.embedding(input_ids, m.embed_tokens.weight)
+        cos, sin = self._rope(positions, h.dtype)
+        T = h.shape[0]
+        delta: torch.Tensor | None = None  # the last MLP output, not yet added to h
+        for i, layer in enumerate(m.layers):
+            att, ln = layer.self_attn, layer.input_layernorm
+            x, h = add_rms_norm(h, ln.weight, ln.variance_epsilon) if delta is None else \
+                add_rms_norm(delta, ln.weight, ln.variance_epsilon, residual=h)
+            q = _linear(x, att.q_proj).view(T, s.num_heads, s.head_dim)
+            k = _linear(x, att.k_proj).view(T, s.num_kv_heads, s.head_dim)
+            v = _linear(x, att.v_proj).view(T, s.num_kv_heads, s.head_dim)
+            if getattr(att, "q_norm", None) is not None:  # Qwen3
+                q = add_rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)[0]
+                k = add_rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)[0]
+            q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1))
+            a = attend(q, i).to(h.dtype)
+            ln = layer.post_attention_layernorm
+            x, h = add_rms_norm(_linear(a.reshape(T, -1), att.o_proj), ln.weight, ln.variance_epsilon, residual=h)
+            mlp = layer.mlp
+            delta = _linear(silu_mul(_linear(x, mlp.gate_proj), _linear(x, mlp.up_proj)), mlp.down_proj)
+        return h if delta is None else h + delta
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         m = self.module.model
