@@ -6,6 +6,7 @@ Run on the GPU machine (no internet needed).  The baseline needs ``trl==1.16.0``
 ``--skip-trl`` runs rlforge alone, ``--skip-rlforge`` TRL alone.
 
     python benchmarks/e2e_grpo.py --tokenizer .tok --out e2e_out
+    python benchmarks/e2e_grpo.py --tokenizer .tok --gpus 0,1   # the four runs, two at a time, one per GPU
     python benchmarks/e2e_grpo.py --tokenizer .tok --models qwen2.5-0.5b --skip-trl --rlforge-rollout native
 
 Workload (the same for both frameworks; flags change it):
@@ -55,11 +56,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -338,14 +342,19 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
 
 # ---------------------------------------------------------------------------- output
+_GPU = threading.local()  # the GPU (a CUDA_VISIBLE_DEVICES entry) of this worker thread, with --gpus
+
+
 def _run(cmd: list[str], log: Path, time_limit: float | None = None) -> bool:
     """Run ``cmd`` with its output in ``log``; True when it finished, False when ``time_limit``
     seconds ran out first (the run is then stopped and summarised from the steps it completed).
 
     Raises RuntimeError when it exits with an error."""
-    print(f"$ {' '.join(cmd[:6])} ... (log: {log})", flush=True)
+    gpu = getattr(_GPU, "id", None)
+    env = ENV if gpu is None else {**ENV, "CUDA_VISIBLE_DEVICES": gpu}
+    print(f"$ {'' if gpu is None else f'CUDA_VISIBLE_DEVICES={gpu} '}{' '.join(cmd[:6])} ... (log: {log})", flush=True)
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=ENV)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         try:
             rc = proc.wait(timeout=time_limit)
         except subprocess.TimeoutExpired:
@@ -400,6 +409,47 @@ def stage_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_jobs(jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str]) -> list[dict[str, Any]]:
+    """Run ``(model, framework, job)`` entries one after another, or, with ``gpus``, one per
+    GPU at a time (each run alone on its GPU; the larger models first, so the longest runs
+    start first).  Returns the runs in the order given, a failed one as ``{"error": ...}``."""
+
+    def one(model: str, framework: str, job: Callable[[], dict]) -> dict[str, Any]:
+        try:
+            return {"model": model, "framework": framework, **job()}
+        except (RuntimeError, OSError, ValueError, KeyError) as e:
+            print(f"{model} {framework} failed: {e}", file=sys.stderr, flush=True)
+            return {"model": model, "framework": framework, "error": str(e)}
+
+    if len(gpus) < 2:
+        _GPU.id = gpus[0] if gpus else None
+        return [one(*j) for j in jobs]
+    def size(model: str) -> float:  # billions of parameters, from the preset name ("qwen2.5-1.5b" -> 1.5)
+        found = re.search(r"-([\d.]+)b$", model)
+        return float(found.group(1)) if found else 0.0
+
+    todo: queue.Queue[int] = queue.Queue()
+    for i in sorted(range(len(jobs)), key=lambda i: (-size(jobs[i][0]), jobs[i][1] != "trl")):  # TRL is the slower
+        todo.put(i)
+    results: dict[int, dict[str, Any]] = {}
+
+    def worker(gpu: str) -> None:
+        _GPU.id = gpu
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[i] = one(*jobs[i])
+
+    threads = [threading.Thread(target=worker, args=(g,)) for g in gpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[i] for i in range(len(jobs))]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names (without 'preset:')")
@@ -423,6 +473,9 @@ def main() -> int:
     p.add_argument("--run-time-limit", type=float, default=None,
                    help="seconds per framework run; a run still going then is stopped and its table row is computed "
                         "from the measured steps it completed (the steps column says how many)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated GPU ids (e.g. 0,1): run the (model, framework) runs side by side, one per GPU "
+                        "at a time, each alone on its GPU; default: one after another on the visible GPU")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -439,17 +492,13 @@ def main() -> int:
     from rlforge.models import load_tokenizer
 
     data, reward = write_inputs(out, load_tokenizer("preset:tiny", args.tokenizer), wl)
-    runs: list[dict[str, Any]] = []
+    jobs: list[tuple[str, str, Callable[[], dict]]] = []
     for model in (m.removeprefix("preset:") for m in args.models):
-        jobs = [] if args.skip_rlforge else [("rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward))]
+        if not args.skip_rlforge:
+            jobs.append((model, "rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward)))
         if not args.skip_trl:
-            jobs.append(("trl", lambda m=model: run_trl(m, wl, args, out, data)))
-        for framework, job in jobs:
-            try:
-                runs.append({"model": model, "framework": framework, **job()})
-            except (RuntimeError, OSError, ValueError, KeyError) as e:
-                runs.append({"model": model, "framework": framework, "error": str(e)})
-                print(f"{model} {framework} failed: {e}", file=sys.stderr, flush=True)
+            jobs.append((model, "trl", lambda m=model: run_trl(m, wl, args, out, data)))
+    runs = run_jobs(jobs, args.gpus.split(",") if args.gpus else [])
     table = markdown_table(runs)
     md = f"{table}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
     overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
