@@ -3,6 +3,7 @@
     rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value ...]
     rlforge data gsm8k --src DIR --out DIR
     rlforge perf report RUN_DIR [--out DIR]
+    rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
 (``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  A user mistake prints
@@ -33,6 +34,19 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"rlforge: warning: {message}", file=sys.stderr, flush=True)
 
 
+def _print(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # e.g. `rlforge train --print-config | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count (a whole number >= 0)")
+    return int(value)
+
+
 def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool) -> int:
     """Load, validate and run (or print) a training job; returns the exit status."""
     from rlforge.config import effective_loggers, format_config, load_config, validate_config
@@ -41,10 +55,7 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     for w in validate_config(cfg):
         print(f"rlforge: warning: {w}", file=sys.stderr, flush=True)
     if print_config:
-        try:
-            print(format_config(cfg), flush=True)
-        except BrokenPipeError:  # e.g. `rlforge train --print-config | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _print(format_config(cfg))
         return 0
     from rlforge.launch import maybe_launch
 
@@ -78,6 +89,15 @@ def _build_parser() -> argparse.ArgumentParser:
                         description="Write report.md and PNG plots from RUN_DIR/metrics.jsonl and RUN_DIR/trace/.")
     r.add_argument("run_dir", help="the run's trainer.default_local_dir")
     r.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
+    tr = psub.add_parser("trace", help="where the GPU sat idle in a torch.profiler trace, and why",
+                         description="Print GPU busy/idle totals, the longest idle gaps with the CPU ops and "
+                         "CUDA calls running during them, and the top kernels of a torch.profiler Chrome trace "
+                         "(RUN_DIR/trace/torch_rank<R>_step<N>.json from trainer.profile_steps, or .json.gz).")
+    tr.add_argument("file", help="the trace file")
+    tr.add_argument("--gaps", type=_count, metavar="K", default=10, help="longest gaps to show (default 10)")
+    tr.add_argument("--top", type=_count, metavar="K", default=15, help="kernels to show (default 15)")
+    tr.add_argument("--min-gap-ms", type=float, metavar="X", default=0.0,
+                    help="ignore gaps shorter than X ms (default 0)")
     return p
 
 
@@ -91,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
-    if args.command != "perf":  # the report needs neither torch's nor transformers' start-up
+    if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
         _quiet_libraries()
     try:
         if args.command == "train":
@@ -103,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts = convert_gsm8k(args.src, args.out)
             for split, n in counts.items():
                 print(f"wrote {n} rows to {os.path.join(args.out, split + '.parquet')}")
+            return 0
+        if args.command == "perf" and args.perf_command == "trace":
+            from rlforge.perf.torch_trace import render_markdown, summarize
+
+            _print(render_markdown(summarize(args.file, args.gaps, args.top, args.min_gap_ms)))
             return 0
         if args.command == "perf":
             from rlforge.perf.report import write_report

@@ -1,7 +1,9 @@
 """``rlforge perf report RUN_DIR``: where a run's time and idle GPU went.
 
 Reads ``RUN_DIR/metrics.jsonl`` (the ``file`` logger) and, when the run had
-``trainer.profile=true``, ``RUN_DIR/trace/rank<R>.json`` and ``trace/gpu_samples_rank<R>.jsonl``.
+``trainer.profile=true``, ``RUN_DIR/trace/rank<R>.json`` and ``trace/gpu_samples_rank<R>.jsonl``;
+with ``trainer.profile_steps``, each ``trace/torch_rank<R>_step<N>.json`` gets a section of GPU
+idle gaps and kernels (see :mod:`rlforge.perf.torch_trace`).
 Writes ``report.md`` and PNG plots to ``RUN_DIR/report/`` (or ``--out``).
 
 The stage table, per stage, over the training steps (rows with ``timing_s/step``):
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlforge.errors import DataError, RLForgeError
+from rlforge.perf.torch_trace import TraceSummary, summarize
+from rlforge.perf.torch_trace import render_markdown as render_torch_trace
 
 STEP_STAGES = ("gen", "gen_max", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 """Stages timed inside ``timing_s/step``, in the order they run."""
@@ -48,6 +53,8 @@ class RunData:
     """Rank -> trace events (``traceEvents`` of ``trace/rank<R>.json``)."""
     samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """Rank -> GPU sample rows of ``trace/gpu_samples_rank<R>.jsonl``."""
+    torch_traces: list[TraceSummary] = field(default_factory=list)
+    """Summaries of ``trace/torch_rank<R>_step<N>.json`` (``trainer.profile_steps``), by rank then step."""
 
     @property
     def train_rows(self) -> list[dict[str, float]]:
@@ -170,7 +177,11 @@ def load_run(run_dir: str | Path) -> RunData:
         what = "is a file, not a run directory" if run.exists() else "does not exist"
         raise DataError(f"run directory {run} {what} (give trainer.default_local_dir of a run)")
     trace_dir = run / "trace"
-    return RunData(run, load_metrics(run / "metrics.jsonl"), load_traces(trace_dir), load_samples(trace_dir))
+    files = sorted(trace_dir.glob("torch_rank*_step*.json"),
+                   key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])  # by rank, then step
+    torch_traces = [summarize(p, num_gaps=5, top_kernels=10) for p in files]
+    return RunData(run, load_metrics(run / "metrics.jsonl"), load_traces(trace_dir), load_samples(trace_dir),
+                   torch_traces)
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,9 @@ def render_markdown(run: RunData, plots: list[tuple[str, str | None, str]]) -> s
             lines += [note, ""]
     if not run.traces:
         lines += ["No stage trace (run with `trainer.profile=true` to get `trace/rank<R>.json`).", ""]
+    if run.torch_traces:
+        lines += ["## torch.profiler steps", "", "Details: `rlforge perf trace FILE`.", ""]
+        lines += [render_torch_trace(t, level=3) for t in run.torch_traces]
     return "\n".join(lines)
 
 
