@@ -21,7 +21,8 @@ Workload (the same for both frameworks; flags change it):
   clip 0.2, lr 1e-6 constant, grad-norm clip 1.0, gradient checkpointing on, KL coefficient
   ``--beta`` (default 0: no reference model in either); TRL runs padded micro-batches of ``--micro-batch``
   sequences, rlforge its own token-budget micro-batches (``use_dynamic_bsz``, ``--token-budget`` tokens) with
-  the padding-free forward (``use_remove_padding``), as each framework is meant to be run;
+  the padding-free forward (``use_remove_padding``) and the chunked LM head (``use_fused_kernels``), as each
+  framework is meant to be run;
 - a dummy reward: a uniform random number per response.
 
 EOS: nothing stops a response at EOS except sampling it.  A random-weight model samples each
@@ -159,6 +160,7 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
         # rlforge's own batching (what its docs recommend): token-budget micro-batches, padding-free forward
         f"{arr}.actor.use_dynamic_bsz=true", f"{arr}.actor.ppo_max_token_len_per_gpu={wl.token_budget}",
         f"{arr}.rollout.log_prob_max_token_len_per_gpu={wl.token_budget}", f"{arr}.model.use_remove_padding=true",
+        f"{arr}.model.use_fused_kernels=true",  # the chunked LM head: no (tokens, vocab) float32 logits
         f"{arr}.actor.grad_clip=1.0", f"{arr}.actor.entropy_coeff=0", f"{arr}.actor.optim.lr={wl.lr}",
         f"{arr}.actor.optim.lr_scheduler_type=constant", f"{arr}.actor.optim.weight_decay=0.0",
         f"{arr}.actor.use_kl_loss={'true' if wl.beta > 0 else 'false'}", f"{arr}.actor.kl_loss_coef={wl.beta}",

@@ -82,8 +82,18 @@ class Batch:
         else:
             idx = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index, dtype=np.int64)
         t_idx = torch.as_tensor(idx, dtype=torch.long)
+        on: dict[torch.device, torch.Tensor] = {}
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            # index_select, not t[t_idx]: on CPU advanced indexing costs ~6 ms per [512, 1280] field
+            # (torch 2.11-2.13), which made the token-budget split of a GRPO batch take ~1-2 s
+            i = on.get(t.device)
+            if i is None:
+                i = on[t.device] = t_idx.to(t.device)
+            return t.index_select(0, i)
+
         return Batch(
-            self.tensors[t_idx],
+            self.tensors.apply(rows, batch_size=[len(idx)]),
             {k: v[idx] for k, v in self.non_tensor.items()},
             dict(self.meta),
         )

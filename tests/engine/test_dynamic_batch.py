@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from rlforge.batch import Batch
 from rlforge.engine.dynamic_batch import (
+    _lower_bound,
     greedy_partition,
     karmarkar_karp,
     restore_order,
@@ -144,6 +145,18 @@ def test_token_budget_partition_against_brute_force():
         assert m >= best
         optimal += m == best
     assert optimal >= 135
+
+
+def test_search_lower_bound_never_above_the_optimum():
+    """The search starts at ``max(ceil(total / budget), ceil(n / rows that fit))``: never above
+    the brute-force minimum, and above ``ceil(total / budget)`` when rows, not tokens, bind."""
+    rng = random.Random(5)
+    for _ in range(200):
+        lens = [rng.randint(1, 20) for _ in range(rng.randint(1, 6))]
+        budget = rng.randint(max(lens), 45)
+        assert _lower_bound(lens, budget) <= _min_bins_brute_force(lens, budget)
+    # 7 rows of 6 tokens, budget 20: 42 tokens need 3 parts by tokens, but a part holds 3 rows
+    assert _lower_bound([6] * 7, 20) == 3 and _lower_bound([6] * 10, 20) == 4
 
 
 def test_token_budget_partition_min_count_and_errors():
