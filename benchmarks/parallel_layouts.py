@@ -84,7 +84,8 @@ LAYOUTS = {  # name -> (strategy, megatron sizes, packed forward)
     "pp2": ("megatron", {"pipeline_model_parallel_size": 2}, False),
     "pp2v2": ("megatron", {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, False),
 }
-HEADER = f"{'layout':<16} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8} {'micro':>6} {'bubble':>7}"
+HEADER = (f"{'layout':<16} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8} {'micro':>6} {'bubble':>7} "
+          f"{'nccl ms':>8} {'busy ms':>8} {'idle':>6}")
 OOM_EXIT = 3  # exit status of a worker that ran out of memory
 
 
@@ -123,6 +124,7 @@ def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) ->
             bubbles.append(m.get("parallel/pp_bubble", 0.0))
             micros.append(m.get("parallel/num_micro_batches", fsdp_micros))
     t = float(all_reduce_max([float(np.median(times))], device)[0])
+    prof = _profiled_step(engine, batch, loss_fn, args, row) if args.profile else {}
     seqlens = batch["attention_mask"].sum(-1).tolist()
     tokens, flops = all_reduce_sum([float(sum(seqlens)), 3.0 * forward_flops(base.config, seqlens)], device)
     peak = device_peak_flops(device) or 989e12
@@ -130,12 +132,37 @@ def run_row(row: str, base: torch.nn.Module, batch, args, device, world: int) ->
     out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops / t / (peak * world),
            "peak_mem_gb": all_reduce_max([mem], device)[0],
            "bubble": all_reduce_sum([float(np.mean(bubbles))], device)[0] / world,
-           "micro": int(round(np.mean(micros)))}
+           "micro": int(round(np.mean(micros))), **prof}
     del engine, actor, loss_fn
     gc.collect()  # the FSDP2 and pipeline engines sit in reference cycles: `del` alone frees nothing
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+def _profiled_step(engine, batch, loss_fn, args: argparse.Namespace, row: str) -> dict:
+    """One more (untimed) step under ``torch.profiler`` on every rank; rank 0 writes its
+    Chrome trace to ``--log-dir`` and returns what the trace says about it: GPU time in NCCL
+    kernels (communication not hidden or hidden behind compute alike), GPU busy time and the
+    idle fraction of the step (:mod:`rlforge.perf.torch_trace`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlforge.perf.torch_trace import summarize
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    _sync()
+    dist.barrier()
+    with profile(activities=acts) as prof:
+        engine.train_step(batch, loss_fn, len(batch), args.budget)
+        _sync()
+    if dist.get_rank() != 0:
+        return {}
+    path = Path(args.log_dir) / f"trace_{_safe(args.model[0])}_{_safe(row)}_rank0.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    summ = summarize(path, num_gaps=3, top_kernels=5)
+    nccl = next((c.total_ms for c in summ.categories if c.name == "nccl"), 0.0)
+    return {"nccl_ms": nccl, "busy_ms": summ.busy_ms, "idle": summ.idle_fraction}
 
 
 def _fsdp_micro_batches(batch, budget: int) -> int:
@@ -155,12 +182,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the default model's)")
+    p.add_argument("--profile", action="store_true",
+                   help="one extra step per row under torch.profiler: NCCL kernel ms, GPU busy ms and idle fraction "
+                        "of rank 0 (its trace goes to --log-dir)")
     p.add_argument("--attn", default="rlforge_varlen",
                    help="attention of the packed FSDP2 rows (rlforge_varlen, flex_attention, sdpa)")
     launcher = p.add_argument_group("launcher (without torchrun)")
     launcher.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per row")
     launcher.add_argument("--row-timeout", type=float, default=600.0, help="seconds one row may take")
-    launcher.add_argument("--log-dir", default="parallel_layouts_logs", help="where each row's output goes")
+    p.add_argument("--log-dir", default="parallel_layouts_logs", help="where each row's output (and trace) goes")
     return p.parse_args(argv)
 
 
@@ -192,8 +222,10 @@ def worker(args: argparse.Namespace) -> int:
             except torch.OutOfMemoryError as e:
                 _out_of_memory(row, rank, e)
             if rank == 0:
+                prof = (f" {r['nccl_ms']:>8.0f} {r['busy_ms']:>8.0f} {r['idle']:>6.1%}" if r.get("idle") is not None
+                        else f" {'-':>8} {'-':>8} {'-':>6}")
                 print(f"{row:<16} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
-                      f"{r['peak_mem_gb']:>8.1f} {r['micro']:>6d} {r['bubble']:>7.1%}", flush=True)
+                      f"{r['peak_mem_gb']:>8.1f} {r['micro']:>6d} {r['bubble']:>7.1%}{prof}", flush=True)
         del base
     dist.destroy_process_group()
     return 0
@@ -211,7 +243,7 @@ def _out_of_memory(row: str, rank: int, err: BaseException) -> NoReturn:
 
 
 # ---------------------------------------------------------------------- launcher
-_FORWARDED = ("seqs", "budget", "warmup", "iters", "tokenizer", "attn")  # options passed on to each row
+_FORWARDED = ("seqs", "budget", "warmup", "iters", "tokenizer", "attn", "log_dir")  # options passed on to each row
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -224,7 +256,9 @@ def launch(args: argparse.Namespace) -> int:
                 os.path.abspath(__file__)]
     for name in _FORWARDED:
         if getattr(args, name) is not None:
-            base_cmd += [f"--{name}", str(getattr(args, name))]
+            base_cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.profile:
+        base_cmd.append("--profile")
     tables: dict[str, tuple[str, list[str]]] = {}
     all_ok = True
     for model in args.model:
