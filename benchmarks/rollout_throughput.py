@@ -142,10 +142,15 @@ def profile(model, batch: Batch, max_num_seqs: int) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
+    from rlforge.perf.torch_trace import render_markdown, summarize
+
     run_native(model, batch, max_num_seqs)  # warm-up
     with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
         run_native(model, batch, max_num_seqs)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    trace = "rollout_profile_trace.json"
+    prof.export_chrome_trace(trace)
+    print(render_markdown(summarize(trace, num_gaps=5, top_kernels=25, min_gap_ms=1.0)), flush=True)
     pr = cProfile.Profile()
     pr.enable()
     tokens, sec, m = run_native(model, batch, max_num_seqs)

@@ -132,6 +132,12 @@ def profile_step(label: str, step, step_args: tuple, rank: int) -> None:
     for name, calls, ms in table:
         print(f"  {name[:90]:<90} {calls:>6} {ms:>9.1f} {ms / wall_ms:>7.1%}", flush=True)
     print(flush=True)
+    if cuda:  # the same step by kernel category, and its longest GPU idle gaps with what the CPU was doing
+        from rlforge.perf.torch_trace import render_markdown, summarize
+
+        trace = f"train_profile_{''.join(c if c.isalnum() else '_' for c in label)}.json"
+        prof.export_chrome_trace(trace)
+        print(render_markdown(summarize(trace, num_gaps=8, top_kernels=10, min_gap_ms=0.5), level=2), flush=True)
 
 
 def set_attention(module: torch.nn.Module, attn: str) -> None:
