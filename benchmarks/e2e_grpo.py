@@ -411,21 +411,34 @@ def stage_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_jobs(jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str]) -> list[dict[str, Any]]:
+def run_jobs(
+    jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str],
+    on_done: Callable[[list[dict[str, Any]]], None] = lambda runs: None,
+) -> list[dict[str, Any]]:
     """Run ``(model, framework, job)`` entries one after another, or, with ``gpus``, one per
     GPU at a time (each run alone on its GPU; the larger models first, so the longest runs
-    start first).  Returns the runs in the order given, a failed one as ``{"error": ...}``."""
+    start first).  Returns the runs in the order given, a failed one as ``{"error": ...}``;
+    ``on_done`` gets the runs finished so far (in that order) after each run."""
+    results: dict[int, dict[str, Any]] = {}
+    lock = threading.Lock()
 
-    def one(model: str, framework: str, job: Callable[[], dict]) -> dict[str, Any]:
+    def one(i: int) -> None:
+        model, framework, job = jobs[i]
         try:
-            return {"model": model, "framework": framework, **job()}
+            res = {"model": model, "framework": framework, **job()}
         except (RuntimeError, OSError, ValueError, KeyError) as e:
             print(f"{model} {framework} failed: {e}", file=sys.stderr, flush=True)
-            return {"model": model, "framework": framework, "error": str(e)}
+            res = {"model": model, "framework": framework, "error": str(e)}
+        with lock:
+            results[i] = res
+            on_done([results[k] for k in sorted(results)])
 
     if len(gpus) < 2:
         _GPU.id = gpus[0] if gpus else None
-        return [one(*j) for j in jobs]
+        for i in range(len(jobs)):
+            one(i)
+        return [results[i] for i in range(len(jobs))]
+
     def size(model: str) -> float:  # billions of parameters, from the preset name ("qwen2.5-1.5b" -> 1.5)
         found = re.search(r"-([\d.]+)b$", model)
         return float(found.group(1)) if found else 0.0
@@ -433,8 +446,6 @@ def run_jobs(jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str]) -
     todo: queue.Queue[int] = queue.Queue()
     for i in sorted(range(len(jobs)), key=lambda i: (-size(jobs[i][0]), jobs[i][1] != "trl")):  # TRL is the slower
         todo.put(i)
-    results: dict[int, dict[str, Any]] = {}
-
     def worker(gpu: str) -> None:
         _GPU.id = gpu
         while True:
@@ -442,7 +453,7 @@ def run_jobs(jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str]) -
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            results[i] = one(*jobs[i])
+            one(i)
 
     threads = [threading.Thread(target=worker, args=(g,)) for g in gpus]
     for t in threads:
@@ -500,17 +511,21 @@ def main() -> int:
             jobs.append((model, "rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward)))
         if not args.skip_trl:
             jobs.append((model, "trl", lambda m=model: run_trl(m, wl, args, out, data)))
-    runs = run_jobs(jobs, args.gpus.split(",") if args.gpus else [])
-    table = markdown_table(runs)
-    md = f"{table}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
-    overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
-    if overheads:
-        md += (f"\nGPU sampler CPU time: at most {100 * max(overheads):.3f} % of wall time "
-               f"({'within' if max(overheads) < 0.01 else 'OVER'} the 1 % budget)\n")
-    print("\n" + md, flush=True)
-    (out / "e2e_grpo.md").write_text(md)
-    (out / "e2e_grpo.json").write_text(json.dumps({"workload": asdict(wl), "rollout": args.rlforge_rollout,
-                                                   "tokenizer": args.tokenizer, "runs": runs}, indent=1))
+    def write(runs: list[dict[str, Any]]) -> str:
+        """The tables of ``runs`` into OUT/e2e_grpo.{md,json} (after every run, so a run cut
+        short by its machine still leaves the finished runs' table)."""
+        md = f"{markdown_table(runs)}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
+        overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
+        if overheads:
+            md += (f"\nGPU sampler CPU time: at most {100 * max(overheads):.3f} % of wall time "
+                   f"({'within' if max(overheads) < 0.01 else 'OVER'} the 1 % budget)\n")
+        (out / "e2e_grpo.md").write_text(md)
+        (out / "e2e_grpo.json").write_text(json.dumps({"workload": asdict(wl), "rollout": args.rlforge_rollout,
+                                                       "tokenizer": args.tokenizer, "runs": runs}, indent=1))
+        return md
+
+    runs = run_jobs(jobs, args.gpus.split(",") if args.gpus else [], on_done=write)
+    print("\n" + write(runs), flush=True)
     return 0 if all("error" not in r for r in runs) else 1
 
 
