@@ -14,8 +14,11 @@ sizes each of them moves a few megabytes and costs its launch more than its byte
 - :func:`silu_mul`: ``silu(gate) * up``.
 
 Numerics follow the eager path op by op (transformers' ``modeling_llama.py``): every
-intermediate that torch rounds to the compute dtype is rounded here too, so the fused and
-eager forwards agree to the last bit on most rows (tests allow one bf16 ulp).  Only used on
+intermediate that torch rounds to the compute dtype is rounded here too (in RoPE with integer
+bit operations, which no compiler folds away), so in bfloat16 the residual adds, SiLU·mul and
+RoPE equal torch's bit for bit; RMSNorm may differ in the last bit on a few elements per
+million (the order of the float32 sum and the hardware ``rsqrt``).  float16 products in RoPE are
+rounded once, not three times.  Only used on
 CUDA; on CPU the eager path in :mod:`rlforge.rollout.native.model_runner` runs.  Tests run
 these kernels on CPU under ``TRITON_INTERPRET=1``.
 """
@@ -77,11 +80,39 @@ def add_rms_norm(
 
 
 @triton.jit
+def _rne_bf16(x):
+    """float32 ``x`` rounded to bfloat16 precision (nearest, ties to even), kept in float32.
+    Integer ops on the bits, so the compiler cannot drop the rounding: with ``.to(bf16).to(f32)``
+    between a product and a sum, the H200 build rounded the RoPE result once instead of
+    three times, unlike torch (18% of elements one or two ulps off, measured)."""
+    b = x.to(tl.int32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536  # add half an ulp (ties to even), clear the low 16 bits
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rot(x1, x2, c, s, PLUS: tl.constexpr, BF16: tl.constexpr):
+    """``x1 * c - x2 * s`` (``+`` when ``PLUS``): one half of rotate-half RoPE, in float32, each
+    product and the result rounded to bfloat16 precision when ``BF16``, as torch's three bf16
+    ops round."""
+    a = x1.to(tl.float32) * c
+    b = x2.to(tl.float32) * s
+    if BF16:
+        a = _rne_bf16(a)
+        b = _rne_bf16(b)
+    r = a + b if PLUS else a - b
+    if BF16:
+        r = _rne_bf16(r)
+    return r
+
+
+@triton.jit
 def _rope_and_cache_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qo_ptr, kc_ptr, vc_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct,
     stride_qot, stride_qoh, stride_cs, stride_ch,
     H: tl.constexpr, KVH: tl.constexpr, H_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, HALF)
@@ -89,19 +120,16 @@ def _rope_and_cache_kernel(
     c2 = tl.load(cos_ptr + t * stride_ct + HALF + d).to(tl.float32)
     s1 = tl.load(sin_ptr + t * stride_ct + d).to(tl.float32)
     s2 = tl.load(sin_ptr + t * stride_ct + HALF + d).to(tl.float32)
-    # queries: out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1); each product
-    # and the sum rounded to the compute dtype, as torch's bf16 ops do
+    # queries: out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
     h = tl.arange(0, H_PAD)
     hm = (h < H)[:, None]
     qb = q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :]
     q1 = tl.load(qb, mask=hm, other=0.0)
     q2 = tl.load(qb + HALF, mask=hm, other=0.0)
     dt = q1.dtype
-    o1 = ((q1.to(tl.float32) * c1).to(dt).to(tl.float32) - (q2.to(tl.float32) * s1).to(dt).to(tl.float32)).to(dt)
-    o2 = ((q2.to(tl.float32) * c2).to(dt).to(tl.float32) + (q1.to(tl.float32) * s2).to(dt).to(tl.float32)).to(dt)
     ob = qo_ptr + t * stride_qot + h[:, None] * stride_qoh + d[None, :]
-    tl.store(ob, o1, mask=hm)
-    tl.store(ob + HALF, o2, mask=hm)
+    tl.store(ob, _rot(q1, q2, c1, s1, False, BF16).to(dt), mask=hm)
+    tl.store(ob + HALF, _rot(q2, q1, c2, s2, True, BF16).to(dt), mask=hm)
     # keys (rotated) and values, straight into the token's cache slot
     slot = tl.load(slot_ptr + t).to(tl.int64)
     g = tl.arange(0, KVH_PAD)
@@ -109,12 +137,10 @@ def _rope_and_cache_kernel(
     kb = k_ptr + t * stride_kt + g[:, None] * stride_kh + d[None, :]
     k1 = tl.load(kb, mask=gm, other=0.0)
     k2 = tl.load(kb + HALF, mask=gm, other=0.0)
-    r1 = ((k1.to(tl.float32) * c1).to(dt).to(tl.float32) - (k2.to(tl.float32) * s1).to(dt).to(tl.float32)).to(dt)
-    r2 = ((k2.to(tl.float32) * c2).to(dt).to(tl.float32) + (k1.to(tl.float32) * s2).to(dt).to(tl.float32)).to(dt)
     cb = slot * stride_cs + g[:, None] * stride_ch + d[None, :]
     cdt = kc_ptr.dtype.element_ty
-    tl.store(kc_ptr + cb, r1.to(cdt), mask=gm)
-    tl.store(kc_ptr + cb + HALF, r2.to(cdt), mask=gm)
+    tl.store(kc_ptr + cb, _rot(k1, k2, c1, s1, False, BF16).to(dt).to(cdt), mask=gm)
+    tl.store(kc_ptr + cb + HALF, _rot(k2, k1, c2, s2, True, BF16).to(dt).to(cdt), mask=gm)
     vb = v_ptr + t * stride_vt + g[:, None] * stride_vh + d[None, :]
     tl.store(vc_ptr + cb, tl.load(vb, mask=gm, other=0.0).to(cdt), mask=gm)
     tl.store(vc_ptr + cb + HALF, tl.load(vb + HALF, mask=gm, other=0.0).to(cdt), mask=gm)
@@ -146,7 +172,7 @@ def rope_and_cache(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
             q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
             H=h_, KVH=kvh, H_PAD=triton.next_power_of_2(h_), KVH_PAD=triton.next_power_of_2(kvh), HALF=d_ // 2,
-            num_warps=4,
+            BF16=q.dtype == torch.bfloat16, num_warps=4,
         )
     return q_out
 
