@@ -41,7 +41,7 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 KERNEL_CATEGORIES: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
     ("memcpy/memset", frozenset({"gpu_memcpy", "gpu_memset"}), ()),
     ("nccl", frozenset({"kernel"}), ("nccl",)),
-    ("attention", frozenset({"kernel"}), ("flash", "fmha", "attn", "attention")),
+    ("attention", frozenset({"kernel"}), ("flash", "fmha", "attn", "attention", "paged")),
     ("gemm/matmul", frozenset({"kernel"}), ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
 )
 """``(category, event cats, lower-case name fragments)``; the first match wins (attention before

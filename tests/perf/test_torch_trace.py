@@ -163,3 +163,15 @@ def test_report_has_a_section_per_torch_trace(tmp_path: Path):
     (tmp_path / "trace" / "torch_rank1_step2.json").write_text("[]")
     with pytest.raises(DataError, match=r"torch_rank1_step2.json: not a Chrome trace"):
         load_run(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "category"), [
+    ("_paged_decode_kernel", "attention"),  # rlforge's Triton decode attention
+    ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NNN", "gemm/matmul"),
+    ("_silu_mul_kernel", "elementwise/other"),
+])
+def test_kernel_names_from_the_h200_traces(name: str, category: str):
+    from rlforge.perf.torch_trace import kernel_category
+
+    assert kernel_category(name, "kernel") == category
