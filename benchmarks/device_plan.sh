@@ -14,7 +14,8 @@
 #   train profile (~1 min)   one profiled 1.5B dynamic-batch training step (issue 4's MFU gap)
 #   rollout (~3.5 min)       rollout_throughput: 0.5B beside transformers generate, 7B (issue 5)
 #   rollout profile (~1 min) a profiled 7B native generate (issue 5's roofline gap)
-#   e2e (~20 min)            e2e_grpo: rlforge and TRL on 0.5B and 1.5B, 5 measured steps each (issue 6)
+#   e2e (~23 min)            e2e_grpo: rlforge and TRL on 0.5B and 1.5B, 5 measured steps each, then one
+#                            profiled step each (issue 6: where each framework's training time goes)
 #   layouts (~6.5 min, 2 GPUs only) parallel_layouts: FSDP2 DP=2 / TP=2 / PP=2 on 1.5B and 7B (issue 7)
 #
 # Needs, carried with the call: .whl/ (omegaconf, antlr4, tensordict, pyvers; trl, datasets, dill and
@@ -58,8 +59,8 @@ plan() {
   cd "$REPO" || return
   local gpus=()
   [ "$ngpu" -ge 2 ] && gpus=(--gpus 0,1)
-  timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b qwen2.5-1.5b "${gpus[@]}" --steps 5 \
-    --warmup 1 --run-time-limit 560 --tokenizer .tok --out "$P/e2e" > "$P/e2e.txt" 2>&1
+  timeout -k 10 1700 python3 benchmarks/e2e_grpo.py --models qwen2.5-0.5b qwen2.5-1.5b "${gpus[@]}" --steps 5 \
+    --warmup 1 --profile --run-time-limit 620 --tokenizer .tok --out "$P/e2e" > "$P/e2e.txt" 2>&1
   for m in qwen2.5-0.5b qwen2.5-1.5b; do
     timeout 60 python3 -m rlforge.cli perf report "$P/e2e/rlforge_$m" --out "$P/report_$m" > /dev/null 2>&1
   done

@@ -92,10 +92,17 @@ class Workload:
     lr: float = 1e-6
     steps: int = 5
     warmup: int = 1
+    profile: bool = False
+    """One more step after the measured ones, under ``torch.profiler`` (never measured)."""
 
     @property
     def total_steps(self) -> int:
-        return self.warmup + self.steps
+        return self.warmup + self.steps + int(self.profile)
+
+    @property
+    def profile_step(self) -> int | None:
+        """1-based index of the profiled step, or None."""
+        return self.total_steps if self.profile else None
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -172,6 +179,8 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
     ]
     if tokenizer:
         o.append(f"{arr}.model.tokenizer_path={tokenizer}")
+    if wl.profile_step is not None:
+        o.append(f"trainer.profile_steps=[{wl.profile_step}]")
     return o
 
 
@@ -181,7 +190,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any]:
     """Per-run numbers from rlforge's ``metrics.jsonl`` rows (the steps after the warm-up)."""
-    measured = [r for r in rows if "timing_s/step" in r and r["step"] > wl.warmup]
+    measured = [r for r in rows if "timing_s/step" in r and wl.warmup < r["step"] <= wl.warmup + wl.steps]
     if not measured:
         raise RuntimeError("no measured steps in metrics.jsonl")
     step_s = sum(r["timing_s/step"] for r in measured)
@@ -216,7 +225,9 @@ def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, d
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     summary = summarize_rlforge(rows, wl)
-    return {**summary, "finished": finished or summary["steps"] >= wl.steps}
+    trace = run_dir / "trace" / f"torch_rank0_step{wl.profile_step}.json"
+    return {**summary, "finished": finished or summary["steps"] >= wl.steps,
+            **({"profile_trace": str(trace)} if wl.profile_step and trace.exists() else {})}
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -268,15 +279,29 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
     steps: list[tuple[float, float, float]] = []  # (start_s, end_s, tokens)
 
+    trace_path = out / f"trl_{model_name}_trace_step{wl.profile_step}.json"
+
     class StepTimer(TrainerCallback):
+        prof: Any = None
+
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+            if state.global_step + 1 == wl.profile_step:  # the extra, unmeasured step
+                acts = [torch.profiler.ProfilerActivity.CPU] + (
+                    [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.prof = torch.profiler.profile(activities=acts)
+                self.prof.__enter__()
             self.t0, self.tok0 = time.perf_counter(), state.num_input_tokens_seen
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+            if self.prof is not None:
+                self.prof.__exit__(None, None, None)
+                self.prof.export_chrome_trace(str(trace_path))
+                self.prof = None
+                return
             steps.append((self.t0, time.perf_counter(), float(state.num_input_tokens_seen - self.tok0)))
             if len(steps) > wl.warmup:  # a run stopped by the time limit keeps its measured steps
                 write_result(state.log_history)
@@ -304,7 +329,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
         wall = time.perf_counter() - wall0
         measured = steps[wl.warmup:]
         lengths = [h["completions/mean_length"] for h in log_history
-                   if "completions/mean_length" in h and h.get("step", 0) > wl.warmup]
+                   if "completions/mean_length" in h and wl.warmup < h.get("step", 0) <= wl.warmup + wl.steps]
         per_step = []
         for t0, t1, tokens in measured:
             gen = [(e.start_s, e.end_s) for e in timeline.events if e.name == "gen" and t0 <= e.start_s <= t1]
@@ -318,6 +343,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
         gen_s = sum(p["gen_s"] for p in per_step)
         gas_s = sum(p["gas_s"] for p in per_step)
         result = {
+            **({"profile_trace": str(trace_path)} if trace_path.exists() else {}),
             "steps": n, "tokens_per_s": sum(p["tokens"] for p in per_step) / step_s, "s_per_step": step_s / n,
             "s_per_step_wall": (measured[-1][1] - steps[wl.warmup - 1][1]) / n if wl.warmup > 0 else None,
             "gen_s": gen_s / n, "train_s": (step_s - gen_s) / n,
@@ -402,6 +428,19 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def profile_sections(runs: list[dict[str, Any]]) -> str:
+    """``--profile``: each run's profiled step summarised by :mod:`rlforge.perf.torch_trace`
+    (GPU busy and idle time, the longest idle gaps and what the host did in them, kernel categories)."""
+    from rlforge.perf.torch_trace import render_markdown, summarize
+
+    out = ""
+    for r in runs:
+        if r.get("profile_trace"):
+            out += f"\n## Profiled step: {r['model']} {r['framework']}\n\n"
+            out += render_markdown(summarize(r["profile_trace"], num_gaps=5, top_kernels=12, min_gap_ms=1.0), level=3)
+    return out
+
+
 def stage_table(runs: list[dict[str, Any]]) -> str:
     lines = ["| model | framework | stage | s/step | GPU util % |", "|---|---|---|---|---|"]
     for r in runs:
@@ -483,6 +522,9 @@ def main() -> int:
     p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward, both frameworks")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     p.add_argument("--rlforge-extra", nargs="*", default=[], help="extra rlforge overrides, key=value")
+    p.add_argument("--profile", action="store_true",
+                   help="one more step after the measured ones under torch.profiler, in both frameworks; the table "
+                        "gets each trace's summary (GPU busy/idle, idle gaps and their host side, kernel categories)")
     p.add_argument("--run-time-limit", type=float, default=None,
                    help="seconds per framework run; a run still going then is stopped and its table row is computed "
                         "from the measured steps it completed (the steps column says how many)")
@@ -499,7 +541,7 @@ def main() -> int:
         return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer)
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
-                  warmup=args.warmup)
+                  warmup=args.warmup, profile=args.profile)
     if (wl.prompts * wl.n) % wl.micro_batch:
         p.error(f"--micro-batch {wl.micro_batch} must divide prompts x n = {wl.prompts * wl.n}")
     from rlforge.models import load_tokenizer
@@ -515,6 +557,7 @@ def main() -> int:
         """The tables of ``runs`` into OUT/e2e_grpo.{md,json} (after every run, so a run cut
         short by its machine still leaves the finished runs' table)."""
         md = f"{markdown_table(runs)}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
+        md += profile_sections(runs)
         overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
         if overheads:
             md += (f"\nGPU sampler CPU time: at most {100 * max(overheads):.3f} % of wall time "
