@@ -13,6 +13,7 @@ one ``rlforge: error: ...`` line and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -42,9 +43,19 @@ def _print(text: str) -> None:
 
 
 def _count(value: str) -> int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise argparse.ArgumentTypeError(f"{value!r} is not a count (a whole number >= 0)")
     return int(value)
+
+
+def _milliseconds(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = math.nan
+    if not (math.isfinite(ms) and ms >= 0):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration (a finite number of ms >= 0)")
+    return ms
 
 
 def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool) -> int:
@@ -96,7 +107,7 @@ def _build_parser() -> argparse.ArgumentParser:
     tr.add_argument("file", help="the trace file")
     tr.add_argument("--gaps", type=_count, metavar="K", default=10, help="longest gaps to show (default 10)")
     tr.add_argument("--top", type=_count, metavar="K", default=15, help="kernels to show (default 15)")
-    tr.add_argument("--min-gap-ms", type=float, metavar="X", default=0.0,
+    tr.add_argument("--min-gap-ms", type=_milliseconds, metavar="X", default=0.0,
                     help="ignore gaps shorter than X ms (default 0)")
     return p
 

@@ -127,6 +127,8 @@ def load_events(path: str | Path) -> list[dict[str, Any]]:
         raise DataError(f"{p} line {e.lineno}: not valid JSON ({e.msg})") from None
     except (UnicodeDecodeError, OSError, EOFError) as e:  # binary data, bad gzip
         raise DataError(f"{p}: not a JSON trace file ({e})") from None
+    except RecursionError:
+        raise DataError(f"{p}: not a JSON trace file (nested too deeply)") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
         raise DataError(f"{p}: not a Chrome trace (expected a JSON object with a 'traceEvents' list)")
     return obj["traceEvents"]
@@ -137,12 +139,12 @@ def _complete(events: list[Any], path: Path) -> list[_Event]:
     for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        ts, dur = e.get("ts"), e.get("dur", 0.0)
+        ts, dur = e.get("ts"), e.get("dur")
         if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-               for v in (ts, dur)):
+               for v in (ts, dur)) or dur < 0:
             raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has ts={ts!r}, dur={dur!r}; "
-                            "expected finite numbers of microseconds")
-        out.append(_Event(str(e.get("name", "")), str(e.get("cat", "")), ts, ts + max(dur, 0.0),
+                            "expected finite numbers of microseconds, dur >= 0")
+        out.append(_Event(str(e.get("name", "")), str(e.get("cat", "")), ts, ts + dur,
                           (e.get("pid"), e.get("tid"))))
     return out
 
@@ -216,7 +218,8 @@ def summarize(path: str | Path, num_gaps: int = 10, top_kernels: int = 15,
         raise DataError(f"{p}: the trace has no complete ('ph': 'X') events")
     device = [e for e in events if e.cat in DEVICE_CATS]
     w0, w1, source = _window(events, device)
-    busy = _union([(max(e.start, w0), min(e.end, w1)) for e in device if e.end > w0 and e.start < w1])
+    device = [e for e in device if e.end > w0 and e.start < w1]  # GPU work outside the window is not counted
+    busy = _union([(max(e.start, w0), min(e.end, w1)) for e in device])
     busy_us = sum(b - a for a, b in busy)
     edges = [w0, *(x for iv in busy for x in iv), w1]
     holes = [(edges[i], edges[i + 1]) for i in range(0, len(edges), 2) if edges[i + 1] > edges[i]]
@@ -240,6 +243,7 @@ def _num(v: float) -> str:
 
 
 def _code(name: str) -> str:
+    name = name.encode("utf-8", "replace").decode("utf-8").replace("\n", " ").replace("\r", " ")
     short = name if len(name) <= NAME_LEN else name[:NAME_LEN - 3] + "..."
     return "`" + short.replace("`", "'").replace("|", "\\|") + "`"
 

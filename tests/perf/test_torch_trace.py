@@ -175,3 +175,40 @@ def test_kernel_names_from_the_h200_traces(name: str, category: str):
     from rlforge.perf.torch_trace import kernel_category
 
     assert kernel_category(name, "kernel") == category
+
+
+@pytest.mark.parametrize("bad", [{"dur": -10}, {"dur": None}, {}])
+def test_kernel_without_a_valid_duration_is_an_error(tmp_path: Path, bad: dict):
+    """A missing or negative ``dur`` would silently shrink GPU busy time: refused, naming the event."""
+    kernel = {k: v for k, v in ev("kernel", "k1", 0, 30, **GPU).items() if k != "dur"} | bad
+    path = write_trace(tmp_path / "t.json", [kernel, ev("kernel", "k2", 40, 10, **GPU)])
+    with pytest.raises(DataError, match=r"traceEvents\[0\] \('k1'\).*dur >= 0"):
+        summarize(path)
+
+
+def test_gpu_work_outside_the_step_window_is_left_out(tmp_path: Path):
+    """With ``ProfilerStep#N`` spans, kernels that start before the window count nowhere."""
+    path = write_trace(tmp_path / "t.json", [
+        ev("user_annotation", "ProfilerStep#1", 0, 100),
+        ev("kernel", "early", -100, 50, **GPU, tid=7),
+        ev("kernel", "k", 50, 50, **GPU, tid=7),
+    ])
+    s = summarize(path)
+    assert (s.num_device_events, s.busy_ms, s.window_ms) == (1, 0.05, 0.1)
+    assert [(r.name, r.count, r.share) for r in s.categories] == [("elementwise/other", 1, 1.0)]
+
+
+def test_odd_kernel_names_stay_on_one_table_row(tmp_path: Path):
+    from rlforge.perf.torch_trace import render_markdown as render
+
+    path = write_trace(tmp_path / "t.json", [ev("kernel", "two\nlines|\ud800", 0, 10, **GPU)])
+    md = render(summarize(path))
+    assert "| `two lines\\|?` | 1 | 0.01 | 100% |" in md
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "abc"])
+def test_cli_refuses_a_minimum_gap_that_is_not_a_finite_non_negative_number(tmp_path: Path, value: str):
+    path = write_trace(tmp_path / "t.json", HAND_EVENTS)
+    res = cli("perf", "trace", str(path), "--min-gap-ms", value)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"argument --min-gap-ms: '{value}' is not a duration" in res.stderr
