@@ -79,14 +79,18 @@ def load_metrics(path: Path) -> list[dict[str, float]]:
             integer ``step`` and numeric values (the message names the file and line).
     """
     if not path.is_file():
-        raise DataError(f"{path} not found: `rlforge perf report` needs the metrics of a run made with "
-                        "trainer.logger=[console,file] (or any list with 'file')")
+        raise DataError(f"{path} {'is a directory' if path.is_dir() else 'not found'}: `rlforge perf report` needs "
+                        "the metrics of a run made with trainer.logger=[console,file] (or any list with 'file')")
     by_step: dict[int, dict[str, float]] = {}
     for where, obj in _jsonl_objects(path):
         step = obj.get("step")
         if isinstance(step, bool) or not isinstance(step, int):
             raise DataError(f"{where}: no integer 'step' field")
-        by_step[step] = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
+        row = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
+        bad = [k for k, v in row.items() if k.startswith("timing_s/") and not math.isfinite(v)]
+        if bad:
+            raise DataError(f"{where}: {bad[0]} is {row[bad[0]]}; a stage time must be a finite number of seconds")
+        by_step[step] = row
     if not by_step:
         raise DataError(f"{path} has no metrics (it is empty)")
     return [by_step[s] for s in sorted(by_step)]
@@ -98,11 +102,15 @@ def _jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     Raises:
         DataError: a line is not valid JSON or not a JSON object (the message names file and line).
     """
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:  # bytes, decoded line by line, so a bad byte is reported at its line
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path} line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not a UTF-8 JSON-lines file ({e.reason})") from None
             if not line.strip():
                 continue
-            where = f"{path} line {lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
@@ -119,11 +127,18 @@ def _rank_of(path: Path, prefix: str) -> int | None:
 
 
 def _check_event(e: Any, path: Path, i: int) -> None:
-    """A complete ("X") event needs a finite numeric ``ts`` and ``dur`` (microseconds)."""
+    """A complete ("X") event needs a name, a finite numeric ``ts`` and ``dur`` (microseconds),
+    and ``args`` (if any) an object whose ``step`` (if any) is an integer."""
     if not isinstance(e, dict):
         raise DataError(f"{path}: traceEvents[{i}] is not a JSON object")
     if e.get("ph") != "X":
         return
+    if not isinstance(e.get("name"), str):
+        raise DataError(f"{path}: traceEvents[{i}] has no name (expected the stage's name)")
+    args = e.get("args", {})
+    if not isinstance(args, dict) or isinstance(args.get("step", 0), bool) or not isinstance(args.get("step", 0), int):
+        raise DataError(f"{path}: traceEvents[{i}] ({e['name']!r}) has args={args!r}; expected an object whose "
+                        "'step' is an integer")
     for key in ("ts", "dur"):
         v = e.get(key, 0.0 if key == "dur" else None)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -142,6 +157,8 @@ def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
             obj = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not a UTF-8 JSON trace file ({e.reason})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
             raise DataError(f"{path}: not a trace (expected a JSON object with a 'traceEvents' list)")
         for i, e in enumerate(obj["traceEvents"]):
@@ -161,6 +178,10 @@ def load_samples(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
         for where, row in _jsonl_objects(path):
             if not {"time_s", "util_pct"} <= set(row):
                 raise DataError(f"{where}: expected an object with 'time_s' and 'util_pct'")
+            for key in ("time_s", "util_pct", "device"):
+                v = row.get(key, 0)
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise DataError(f"{where}: {key}={v!r} is not a number")
             rows.append(row)
         out[rank] = rows
     return out

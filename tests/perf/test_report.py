@@ -123,10 +123,13 @@ def test_gpu_samples_and_trace_are_plotted(tmp_path: Path):
         ('{"timing_s/step": 1.0}\n', "line 1: no integer 'step' field"),
         ('{"step": 1, "timing_s/step": "fast"}\n', "line 1: metric 'timing_s/step' is 'fast', not a number"),
         ("", "has no metrics"),
+        ('{"step": 1, "timing_s/step": NaN}\n', "line 1: timing_s/step is nan; a stage time must be a finite number"),
+        ('{"step": 1, "timing_s/gen": Infinity}\n', "line 1: timing_s/gen is inf"),
+        ('{"step": 1}\n\udcff\n', "line 2: not a UTF-8 JSON-lines file"),
     ],
 )
 def test_malformed_metrics_name_file_and_line(tmp_path: Path, content: str, fragment: str):
-    (tmp_path / "metrics.jsonl").write_text(content)
+    (tmp_path / "metrics.jsonl").write_bytes(content.encode("utf-8", "surrogateescape"))  # \udcff: the byte 0xff
     with pytest.raises(DataError) as e:
         load_metrics(tmp_path / "metrics.jsonl")
     assert str(tmp_path / "metrics.jsonl") in str(e.value) and fragment in str(e.value)
@@ -136,6 +139,9 @@ def test_missing_run_dir_and_metrics_file(tmp_path: Path):
     with pytest.raises(RLForgeError, match="does not exist"):
         write_report(tmp_path / "nope")
     with pytest.raises(RLForgeError, match=r"metrics.jsonl not found.*trainer.logger"):
+        write_report(tmp_path)
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(RLForgeError, match=r"metrics.jsonl is a directory"):
         write_report(tmp_path)
 
 
@@ -192,3 +198,30 @@ def test_unwritable_out_and_bad_trace_event_are_one_line_errors(tmp_path: Path):
     (run / "trace" / "rank0.json").write_text(json.dumps({"traceEvents": [event]}))
     with pytest.raises(DataError, match=r"rank0.json: traceEvents\[0\] \('gen'\) has ts='abc'"):
         write_report(run)
+
+
+@pytest.mark.parametrize(("where", "content", "fragment"), [
+    ("rank0.json", {"traceEvents": [{"ph": "X", "name": "gen", "ts": 0, "dur": 5, "args": {"step": "one"}}]},
+     r"rank0.json: traceEvents\[0\] \('gen'\) has args=.*'step' is an integer"),
+    ("rank0.json", {"traceEvents": [{"ph": "X", "name": "gen", "ts": 0, "dur": 5, "args": None}]},
+     r"traceEvents\[0\] \('gen'\) has args=None"),
+    ("rank0.json", {"traceEvents": [{"ph": "X", "ts": 0, "dur": 5}]}, r"traceEvents\[0\] has no name"),
+    ("gpu_samples_rank0.jsonl", {"time_s": 1, "util_pct": "high"}, r"line 1: util_pct='high' is not a number"),
+])
+def test_malformed_stage_trace_and_samples_are_one_line_errors(tmp_path: Path, where: str, content: dict,
+                                                               fragment: str):
+    """Fields the plots read are checked when the files are loaded (before any plot is drawn)."""
+    (tmp_path / "trace").mkdir()
+    write_jsonl(tmp_path / "metrics.jsonl", HAND_ROWS)
+    (tmp_path / "trace" / where).write_text(json.dumps(content) + "\n")
+    with pytest.raises(DataError, match=fragment):
+        write_report(tmp_path)
+    assert not (tmp_path / "report" / "stage_breakdown.png").exists()
+
+
+def test_binary_stage_trace_is_a_one_line_error(tmp_path: Path):
+    (tmp_path / "trace").mkdir()
+    write_jsonl(tmp_path / "metrics.jsonl", HAND_ROWS)
+    (tmp_path / "trace" / "rank0.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(DataError, match=r"rank0.json: not a UTF-8 JSON trace file"):
+        write_report(tmp_path)
