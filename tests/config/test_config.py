@@ -254,6 +254,11 @@ def test_format_round_trip(tmp_path: Path, job: str | None) -> None:
     ("actor_rollout_ref.rollout.cudagraph_capture_sizes=[0,8]", "cudagraph_capture_sizes=[0, 8]: must be null"),
     ("actor_rollout_ref.rollout.cudagraph_capture_sizes=abc", "cudagraph_capture_sizes=abc: must be null"),
     ("actor_rollout_ref.rollout.max_model_len=64", "max_model_len=64 is smaller than"),
+    # token budgets are range-checked even with dynamic batching off (they are inherited by other keys)
+    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=-5", "log_prob_max_token_len_per_gpu=-5: must be >= 1"),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=0", "log_prob_max_token_len_per_gpu=0: must be >= 1"),
+    ("critic.ppo_max_token_len_per_gpu=0", "critic.ppo_max_token_len_per_gpu=0: must be >= 1"),
+    ("critic.forward_max_token_len_per_gpu=-1", "critic.forward_max_token_len_per_gpu=-1: must be >= 1"),
 ])
 def test_rollout_engine_sizes_are_checked(override: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as e:
