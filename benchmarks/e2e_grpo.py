@@ -502,6 +502,28 @@ def run_jobs(
     return [results[i] for i in range(len(jobs))]
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, with one ``p.error`` line, what would only fail inside a run (or measure the wrong thing)."""
+    from rlforge.models.presets import PRESETS
+
+    for name in ("steps", "prompts", "n", "prompt_len", "response_len", "micro_batch", "token_budget"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.beta < 0:
+        p.error(f"--warmup and --beta must be >= 0, got {args.warmup} and {args.beta}")
+    if (args.prompts * args.n) % args.micro_batch:
+        p.error(f"--micro-batch {args.micro_batch} must divide prompts x n = {args.prompts * args.n}")
+    unknown = [m for m in args.models if m.removeprefix("preset:") not in PRESETS]
+    if unknown:
+        p.error(f"--models: unknown preset(s) {unknown}; valid: {', '.join(PRESETS)}")
+    if args.gpus is not None:
+        ids = args.gpus.split(",")
+        if not args.gpus or any(not i.strip() for i in ids):
+            p.error(f"--gpus {args.gpus!r}: empty GPU id (expected distinct ids separated by commas, e.g. 0,1)")
+        if len(set(ids)) != len(ids):
+            p.error(f"--gpus {args.gpus!r}: a GPU is listed twice (two runs would share it and both be timed as alone)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names (without 'preset:')")
@@ -535,6 +557,8 @@ def main() -> int:
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if not args.trl_worker:
+        check_args(p, args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.trl_worker:
@@ -542,8 +566,6 @@ def main() -> int:
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
                   warmup=args.warmup, profile=args.profile)
-    if (wl.prompts * wl.n) % wl.micro_batch:
-        p.error(f"--micro-batch {wl.micro_batch} must divide prompts x n = {wl.prompts * wl.n}")
     from rlforge.models import load_tokenizer
 
     data, reward = write_inputs(out, load_tokenizer("preset:tiny", args.tokenizer), wl)

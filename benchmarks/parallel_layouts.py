@@ -191,7 +191,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     launcher.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per row")
     launcher.add_argument("--row-timeout", type=float, default=600.0, help="seconds one row may take")
     p.add_argument("--log-dir", default="parallel_layouts_logs", help="where each row's output (and trace) goes")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from rlforge.models.presets import PRESETS
+
+    for row in args.rows.split(","):
+        layout, *flags = row.split("-")
+        if layout not in LAYOUTS or not set(flags) <= {"ckpt"}:
+            p.error(f"--rows: unknown row {row!r} (valid: {', '.join(LAYOUTS)}, each optionally with -ckpt)")
+    unknown = [m for m in args.model if m not in PRESETS]
+    if unknown:
+        p.error(f"--model: unknown preset(s) {unknown}; valid: {', '.join(PRESETS)}")
+    if args.iters < 1 or args.warmup < 0 or args.seqs < 1 or args.budget < 1:
+        p.error("--iters, --seqs and --budget must be >= 1 and --warmup >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
