@@ -256,14 +256,17 @@ def stage_table(rows: list[dict[str, float]]) -> list[StageRow]:
 SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
     ("time per step (s)", "timing_s/step", "mean"),
     ("throughput (tokens/s/GPU)", "perf/throughput", "mean"),
-    ("tokens per hour (whole job)", "perf/tokens_per_hour", "mean"),
+    ("tokens per hour (all ranks, over the steps)", "perf/tokens_per_hour", "rate"),
     ("GPU utilisation (%)", "perf/gpu_util/mean", "mean"),
     ("GPU idle ratio (samples < 5 % util)", "perf/idle_ratio", "mean"),
     ("MFU, actor update", "perf/mfu/actor", "mean"),
     ("GPU sampler CPU overhead (s per s)", "perf/gpu_sampler_overhead", "mean"),
     ("peak GPU memory allocated (GB)", "perf/max_memory_allocated_gb", "max"),
 )
-"""(label, metric, how it is combined over the training steps) of the summary table."""
+"""(label, metric, how it is combined over the training steps) of the summary table: ``mean``,
+``max``, or ``rate`` (tokens per hour: the steps' ``perf/total_num_tokens`` over their summed
+``timing_s/step``, so slow steps weigh as they did; the mean of the per-step rates where the
+token counts are absent)."""
 
 
 def summary(rows: list[dict[str, float]]) -> list[tuple[str, str, float | None]]:
@@ -273,6 +276,9 @@ def summary(rows: list[dict[str, float]]) -> list[tuple[str, str, float | None]]
     for label, key, how in SUMMARY_KEYS:
         vals = [r[key] for r in train if key in r and math.isfinite(r[key])]
         value = (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else None
+        timed = [r for r in train if "perf/total_num_tokens" in r]
+        if how == "rate" and timed and len(timed) == len(train):
+            value = sum(r["perf/total_num_tokens"] for r in timed) / sum(r["timing_s/step"] for r in timed) * 3600
         out.append((label, key, value))
     return out
 
@@ -310,8 +316,6 @@ def render_markdown(run: RunData, plots: list[tuple[str, str | None, str]]) -> s
         lines += [f"### {title}", "", f"![{title}]({name})" if name else f"Skipped: {note}", ""]
         if name and note:
             lines += [note, ""]
-    if not run.traces:
-        lines += ["No stage trace (run with `trainer.profile=true` to get `trace/rank<R>.json`).", ""]
     if run.torch_traces:
         lines += ["## torch.profiler steps", "", "Details: `rlforge perf trace FILE`.", ""]
         lines += [render_torch_trace(t, level=3) for t in run.torch_traces]

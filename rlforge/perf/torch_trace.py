@@ -239,7 +239,7 @@ def summarize(path: str | Path, num_gaps: int = 10, top_kernels: int = 15,
 
 
 def _num(v: float) -> str:
-    return f"{v:.4g}"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"  # 66,210 ms, not 6.621e+04
 
 
 def _code(name: str) -> str:

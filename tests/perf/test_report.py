@@ -79,6 +79,8 @@ def test_report_table_equals_hand_computed_values(tmp_path: Path):
     assert num(summary["time per step (s)"][0]) == approx(12.0)
     assert num(summary["throughput (tokens/s/GPU)"][0]) == approx(900.0)
     assert num(summary["GPU utilisation (%)"][0]) == approx(55.0)
+    # the hand rows carry no token counts: the mean of the per-step rates
+    assert num(summary["tokens per hour (all ranks, over the steps)"][0]) == approx((3.6e6 + 2.88e6) / 2)
     assert num(summary["GPU idle ratio (samples < 5 % util)"][0]) == approx(0.3)
     assert summary["MFU, actor update"][0] == "-"
     assert "**Most time:** `gen`" in md and "**Most idle GPU time:** `gen`" in md
@@ -225,3 +227,13 @@ def test_binary_stage_trace_is_a_one_line_error(tmp_path: Path):
     (tmp_path / "trace" / "rank0.json").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(DataError, match=r"rank0.json: not a UTF-8 JSON trace file"):
         write_report(tmp_path)
+
+
+def test_tokens_per_hour_is_the_runs_rate_not_the_mean_of_step_rates(tmp_path: Path):
+    """1,000 tokens in 1 s and 1,000 tokens in 9 s: 2,000 tokens in 10 s = 720,000 per hour (the
+    mean of the two step rates, 2.0e6, would overstate it)."""
+    rows = [{"step": s, "timing_s/step": t, "perf/total_num_tokens": 1000.0, "perf/tokens_per_hour": 1000 / t * 3600}
+            for s, t in ((1, 1.0), (2, 9.0))]
+    write_jsonl(tmp_path / "metrics.jsonl", rows)
+    summary = parse_table(write_report(tmp_path).read_text(), "| metric |")
+    assert num(summary["tokens per hour (all ranks, over the steps)"][0]) == pytest.approx(720000, rel=1e-3)
