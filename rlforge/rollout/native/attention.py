@@ -115,14 +115,17 @@ def prefill_attention(
 class PrefillBatch:
     """Padded gather indices of one step's prefill chunks (``Bp`` sequences).
 
-    ``q_rows: [Bp, n_max]`` flat query rows (0 where padded), ``q_valid: [Bp, n_max]``;
-    ``kv_slots: [Bp, ctx_max]`` flat cache slots of each sequence's context (0 where padded);
-    ``mask: [Bp, 1, n_max, ctx_max]``: key ``j`` is visible to query ``i`` when ``j`` is inside
-    the context and not after the query's position.
+    ``q_rows: [Bp, n_max]`` flat query rows (0 where padded); ``out_index: [N]``, the positions
+    of the ``N`` real queries in the flattened ``[Bp * n_max]`` padded layout, and ``out_rows: [N]``
+    their flat query rows (both computed on the host, so dropping the padding needs no device
+    sync, unlike a boolean mask); ``kv_slots: [Bp, ctx_max]`` flat cache slots of each sequence's
+    context (0 where padded); ``mask: [Bp, 1, n_max, ctx_max]``: key ``j`` is visible to query
+    ``i`` when ``j`` is inside the context and not after the query's position.
     """
 
     q_rows: torch.Tensor
-    q_valid: torch.Tensor
+    out_index: torch.Tensor
+    out_rows: torch.Tensor
     kv_slots: torch.Tensor
     mask: torch.Tensor
 
@@ -147,8 +150,9 @@ def build_prefill_batch(
         ctx_len[i] = ctx
     kv_pos = np.arange(ctx_max)[None, None, :]
     mask = (kv_pos <= q_pos[:, :, None]) & (kv_pos < ctx_len[:, :, None])
-    t = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
-    return PrefillBatch(t(q_rows), t(q_pos >= 0), t(slots), t(mask[:, None]))
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
+    out_index = np.flatnonzero(q_pos.reshape(-1) >= 0)
+    return PrefillBatch(t(q_rows), t(out_index), t(q_rows.reshape(-1)[out_index]), t(slots), t(mask[:, None]))
 
 
 def batched_prefill_attention(
@@ -167,5 +171,5 @@ def batched_prefill_attention(
         k = k[:, :, :, None, :].expand(bp, ctx_max, kvh, h // kvh, d).reshape(bp, ctx_max, h, d)
         v = v[:, :, :, None, :].expand(bp, ctx_max, kvh, h // kvh, d).reshape(bp, ctx_max, h, d)
     o = F.scaled_dot_product_attention(qb, k.transpose(1, 2), v.transpose(1, 2), attn_mask=pb.mask, scale=scale)
-    o = o.transpose(1, 2)  # [Bp, n_max, H, D]
-    return pb.q_rows[pb.q_valid], o[pb.q_valid]
+    o = o.transpose(1, 2).reshape(-1, h, d)  # [Bp * n_max, H, D]
+    return pb.out_rows, o.index_select(0, pb.out_index)
