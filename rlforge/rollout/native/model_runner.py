@@ -91,7 +91,7 @@ class StepInputs:
     block_tables: list[list[int]]
     sample_rows: list[int]
     sample_seq_ids: list[int]
-    sample_index: torch.Tensor | None = None
+    sample_index: torch.Tensor
     """``sample_rows`` on the device (copied with the other inputs, so the step needs no sync)."""
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
@@ -153,7 +153,7 @@ def step_inputs(
 ) -> StepInputs:
     """:class:`StepInputs` from host lists or int64 arrays (see its fields), with the decode/prefill split."""
     t = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64)).to(device, non_blocking=True)  # noqa: E731
-    inp = StepInputs(t(ids), t(pos), t(slots), qs, ql, cl, bts, rows, sids, sample_index=t(rows))
+    inp = StepInputs(t(ids), t(pos), t(slots), qs, ql, cl, bts, rows, sids, t(rows))
     dec = [i for i, n in enumerate(ql) if n == 1]
     if dec:
         inp.decode_rows = t([qs[i] for i in dec])
@@ -303,10 +303,7 @@ class ModelRunner:
     def run(self, inp: StepInputs) -> torch.Tensor:
         """A mixed step; returns ``logits: [len(inp.sample_rows), V]`` in the compute dtype."""
         h = self._body(inp.input_ids, inp.positions, inp.slot_mapping, lambda q, i: self._mixed_attn(q, i, inp))
-        rows = inp.sample_index
-        if rows is None:
-            rows = torch.tensor(inp.sample_rows, dtype=torch.long, device=h.device)
-        return self._logits(h.index_select(0, rows))
+        return self._logits(h.index_select(0, inp.sample_index))
 
     @torch.no_grad()
     def decode(self, d: DecodeInputs) -> torch.Tensor:
