@@ -395,8 +395,10 @@ def _run(cmd: list[str], log: Path, time_limit: float | None = None) -> bool:
             print(f"  stopped after {time_limit:.0f} s (--run-time-limit); summarising the completed steps", flush=True)
             return False
     if rc != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"exit status {rc}; last lines of {log}:\n{tail}")
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        cause = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "no output")
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"exit status {rc}: {cause.strip()}\nlast lines of {log}:\n{tail}")
     return True
 
 
@@ -414,7 +416,7 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
     trl = {r["model"]: r for r in runs if r["framework"] == "trl" and "error" not in r}
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['framework']} | failed: {r['error'].splitlines()[0][:60]} |"
+            lines.append(f"| {r['model']} | {r['framework']} | failed: {r['error'].splitlines()[0][:120]} |"
                          + " |" * (len(COLUMNS) - 3))
             continue
         base = trl.get(r["model"])
@@ -566,9 +568,14 @@ def main() -> int:
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
                   warmup=args.warmup, profile=args.profile)
+    from rlforge.errors import RLForgeError
     from rlforge.models import load_tokenizer
 
-    data, reward = write_inputs(out, load_tokenizer("preset:tiny", args.tokenizer), wl)
+    try:
+        tok = load_tokenizer("preset:tiny", args.tokenizer)
+    except RLForgeError as e:
+        p.error(f"--tokenizer: {e}")
+    data, reward = write_inputs(out, tok, wl)
     jobs: list[tuple[str, str, Callable[[], dict]]] = []
     for model in (m.removeprefix("preset:") for m in args.models):
         if not args.skip_rlforge:
