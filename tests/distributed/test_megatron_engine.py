@@ -47,7 +47,7 @@ def reference(layers: int = 2) -> dict:
     engine = dc.local_engine(model)
     metrics, logp = dc.run_actor(engine, batch, MODE, micro=2)
     return {"logp_before": logp0, "entropy_before": ent0, "grads": grads, "metrics": metrics, "logp": logp,
-            "state": engine.state_dict()}
+            "state": engine.state_dict(), "mask": batch["response_mask"].bool()}
 
 
 CASES = {
@@ -62,9 +62,15 @@ CASES = {
 }
 
 
+def _close_on_tokens(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, atol: float) -> bool:
+    """Equal on the response tokens; what a forward leaves after a response's end is not defined
+    (the padded forward computes it, the megatron engine's width-trimmed micro-batches do not)."""
+    return a.shape == b.shape and torch.allclose(a[mask], b[mask], atol=atol)
+
+
 def _check(r: dict, ref: dict) -> None:
-    assert torch.allclose(r["logp_before"], ref["logp_before"], atol=1e-5)
-    assert torch.allclose(r["entropy_before"], ref["entropy_before"], atol=1e-5)
+    assert _close_on_tokens(r["logp_before"], ref["logp_before"], ref["mask"], 1e-5)
+    assert _close_on_tokens(r["entropy_before"], ref["entropy_before"], ref["mask"], 1e-5)
     m = r["metrics"]
     for k in ("pg_loss", "kl_loss"):
         assert m[k] == pytest.approx(ref["metrics"][k], rel=1e-5, abs=1e-6), k  # TP: other reduction orders
@@ -78,7 +84,7 @@ def _check(r: dict, ref: dict) -> None:
     dc.close_states(r["state"]["model"], ref["state"]["model"], atol=5e-5)
     dc.close_optim(r["state"]["optimizer"], ref["state"]["optimizer"])
     assert r["state"]["scheduler"] == ref["state"]["scheduler"]
-    assert torch.allclose(r["logp"], ref["logp"], atol=1e-4)
+    assert _close_on_tokens(r["logp"], ref["logp"], ref["mask"], 1e-4)
     dc.close_states(r["synced"], r["state"]["model"], atol=0)
     dc.close_states(r["reloaded_state"]["model"], r["state"]["model"], atol=0)
     dc.close_optim(r["reloaded_state"]["optimizer"], r["state"]["optimizer"])

@@ -9,6 +9,10 @@
   :class:`~rlforge.engine.base.LossScale`).
 * :func:`align_widths`: the rows of several ranks on common prompt and response widths (each
   rank pads to its own longest response), so they can run together.
+* :func:`length_sorted_micro_batches` and :func:`trim_widths`: without a pipeline the micro-batches
+  may differ in shape, so rows of similar length go together and each micro-batch is cut to its own
+  longest prompt and response: the padded forward then costs about the valid tokens, not
+  ``rows x`` the batch's longest sequence.
 * :class:`PrecomputedModel`: stands in for the model inside a role's forward or loss function.
   Its call returns the output the stages already computed for that micro-batch.
 """
@@ -154,3 +158,71 @@ def align_widths(parts: list[Batch]) -> list[Batch]:
                 raise ValueError(f"cannot align {k!r} of width {t.shape[1]} (prompt {p}, response {r})")
         out.append(Batch.from_dict(d, dict(b.non_tensor), dict(b.meta)))
     return out
+
+
+def _widths(b: Batch) -> tuple[int, int]:
+    """``(prompt width P, response width R)`` of a batch laid out as ``[left-padded prompt | right-padded response]``."""
+    r = int(b["responses"].shape[1])
+    return int(b["input_ids"].shape[1]) - r, r
+
+
+def trim_widths(b: Batch) -> Batch:
+    """``b`` cut to its own longest prompt and longest response (the inverse of :func:`align_widths`'
+    padding): prompt-wide tensors lose left columns, response-wide ones right columns, full-width
+    ones both; only padding is removed (the masks say where the tokens are).
+
+    Raises:
+        ValueError: a tensor of another width (as :func:`align_widths`).
+    """
+    p, r = _widths(b)
+    am = b["attention_mask"]
+    p_keep = int(am[:, :p].sum(1).max()) if p else 0
+    r_keep = max(int(am[:, p:].sum(1).max()), 1)
+    if (p_keep, r_keep) == (p, r):
+        return b
+    d: dict[str, torch.Tensor] = {}
+    for k in b.tensors.keys():
+        t = b[k]
+        if t.ndim < 2:
+            d[k] = t
+        elif k == "prompts":
+            d[k] = t[:, p - p_keep:]
+        elif t.shape[1] == p + r:
+            d[k] = t[:, p - p_keep: p + r_keep]
+        elif t.shape[1] == r:
+            d[k] = t[:, :r_keep]
+        else:
+            raise ValueError(f"cannot trim {k!r} of width {t.shape[1]} (prompt {p}, response {r})")
+    return Batch.from_dict(d, dict(b.non_tensor), dict(b.meta))
+
+
+def length_sorted_micro_batches(batch: Batch, max_token_len: int, key: str) -> tuple[list[Batch], list[int]]:
+    """Token-budget micro-batches for forwards whose shape may change from one micro-batch to the
+    next (tensor parallelism without a pipeline): rows sorted longest first, each micro-batch takes
+    rows while ``rows x (longest prompt + longest response)`` among them, its padded cost after
+    :func:`trim_widths`, stays within ``max_token_len``.
+
+    Returns:
+        ``(micro_batches, order)`` as :func:`~rlforge.engine.dynamic_batch.split_by_token_budget`.
+    Raises:
+        ValueError: a row longer than ``max_token_len`` (naming ``key``), or an empty batch.
+    """
+    from rlforge.engine.dynamic_batch import _check_budget
+
+    p, _ = _widths(batch)
+    am = batch["attention_mask"]
+    plen, rlen = am[:, :p].sum(1).tolist(), am[:, p:].sum(1).tolist()
+    lens = [a + b for a, b in zip(plen, rlen, strict=True)]
+    if not lens:
+        raise ValueError("cannot split an empty batch into micro-batches")
+    _check_budget(lens, max_token_len, key)
+    parts: list[list[int]] = [[]]
+    width = (0, 0)
+    for i in sorted(range(len(lens)), key=lambda i: (-lens[i], i)):
+        grown = (max(width[0], plen[i]), max(width[1], rlen[i]))
+        if parts[-1] and (len(parts[-1]) + 1) * sum(grown) > max_token_len:
+            parts.append([])
+            grown = (plen[i], rlen[i])
+        parts[-1].append(i)
+        width = grown
+    return [batch.select(q) for q in parts], [i for q in parts for i in q]
