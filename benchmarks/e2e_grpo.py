@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import random
@@ -511,8 +512,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("steps", "prompts", "n", "prompt_len", "response_len", "micro_batch", "token_budget"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0 or args.beta < 0:
-        p.error(f"--warmup and --beta must be >= 0, got {args.warmup} and {args.beta}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if not (math.isfinite(args.beta) and args.beta >= 0):
+        p.error(f"--beta must be a finite number >= 0, got {args.beta}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out}: exists and is not a folder")
     if (args.prompts * args.n) % args.micro_batch:
         p.error(f"--micro-batch {args.micro_batch} must divide prompts x n = {args.prompts * args.n}")
     unknown = [m for m in args.models if m.removeprefix("preset:") not in PRESETS]
@@ -520,9 +525,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--models: unknown preset(s) {unknown}; valid: {', '.join(PRESETS)}")
     if args.gpus is not None:
         ids = args.gpus.split(",")
-        if not args.gpus or any(not i.strip() for i in ids):
-            p.error(f"--gpus {args.gpus!r}: empty GPU id (expected distinct ids separated by commas, e.g. 0,1)")
-        if len(set(ids)) != len(ids):
+        if not args.gpus or any(not i.strip().isdigit() or i != i.strip() for i in ids):
+            p.error(f"--gpus {args.gpus!r}: expected distinct GPU numbers separated by commas, e.g. 0,1")
+        if len({int(i) for i in ids}) != len(ids):
             p.error(f"--gpus {args.gpus!r}: a GPU is listed twice (two runs would share it and both be timed as alone)")
 
 
@@ -562,8 +567,8 @@ def main() -> int:
     if not args.trl_worker:
         check_args(p, args)
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     if args.trl_worker:
+        out.mkdir(parents=True, exist_ok=True)
         return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer)
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
@@ -575,6 +580,7 @@ def main() -> int:
         tok = load_tokenizer("preset:tiny", args.tokenizer)
     except RLForgeError as e:
         p.error(f"--tokenizer: {e}")
+    out.mkdir(parents=True, exist_ok=True)
     data, reward = write_inputs(out, tok, wl)
     jobs: list[tuple[str, str, Callable[[], dict]]] = []
     for model in (m.removeprefix("preset:") for m in args.models):

@@ -201,8 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.model if m not in PRESETS]
     if unknown:
         p.error(f"--model: unknown preset(s) {unknown}; valid: {', '.join(PRESETS)}")
-    if args.iters < 1 or args.warmup < 0 or args.seqs < 1 or args.budget < 1:
-        p.error("--iters, --seqs and --budget must be >= 1 and --warmup >= 0")
+    for name in ("iters", "seqs", "budget", "nproc"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if Path(args.log_dir).exists() and not Path(args.log_dir).is_dir():
+        p.error(f"--log-dir {args.log_dir}: exists and is not a folder")
     return args
 
 

@@ -99,6 +99,9 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.actor.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v is True, _NOT_HERE),
+    LaterWork("reward_model.enable", lambda v: v is True,
+              "{key}=True: a reward model is not available in this build; scores come from the rule scorers or "
+              "custom_reward_function; ignored"),
     LaterWork(f"{_ARR}.model.fused_kernel_options.impl_backend", lambda v: v == "triton",
               "{key}={value}: this build has only the plain-torch chunked head; using torch"),
     *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),

@@ -68,7 +68,10 @@ def _number(v: Any, where: str, key: str) -> float:
         if v.lower() not in _NON_FINITE:
             raise DataError(f"{where}: metric {key!r} is {v!r}, not a number")
         return _NON_FINITE[v.lower()]
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        raise DataError(f"{where}: metric {key!r} is an integer too large for a number") from None
 
 
 def load_metrics(path: Path) -> list[dict[str, float]]:
@@ -87,9 +90,10 @@ def load_metrics(path: Path) -> list[dict[str, float]]:
         if isinstance(step, bool) or not isinstance(step, int):
             raise DataError(f"{where}: no integer 'step' field")
         row = {"step": step, **{k: _number(v, where, k) for k, v in obj.items() if k != "step"}}
-        bad = [k for k, v in row.items() if k.startswith("timing_s/") and not math.isfinite(v)]
+        bad = [k for k, v in row.items() if k.startswith("timing_s/") and not (math.isfinite(v) and v >= 0)]
         if bad:
-            raise DataError(f"{where}: {bad[0]} is {row[bad[0]]}; a stage time must be a finite number of seconds")
+            raise DataError(f"{where}: {bad[0]} is {row[bad[0]]}; a stage time must be a finite number of seconds "
+                            ">= 0")
         by_step[step] = row
     if not by_step:
         raise DataError(f"{path} has no metrics (it is empty)")
@@ -115,15 +119,24 @@ def _jsonl_objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except (ValueError, RecursionError) as e:  # a huge integer, deep nesting
+                raise DataError(f"{where}: not valid JSON ({e or 'nested too deeply'})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             yield where, obj
 
 
 def _rank_of(path: Path, prefix: str) -> int | None:
-    stem = path.name.split(".")[0]
-    rest = stem[len(prefix):]
-    return int(rest) if stem.startswith(prefix) and rest.isdigit() else None
+    """The rank of ``<prefix><R>.json`` / ``.jsonl`` (exactly: not ``rank0.backup.json``), else None."""
+    m = re.fullmatch(re.escape(prefix) + r"(\d+)\.jsonl?", path.name)
+    return int(m.group(1)) if m and path.is_file() else None
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _check_event(e: Any, path: Path, i: int) -> None:
@@ -141,7 +154,7 @@ def _check_event(e: Any, path: Path, i: int) -> None:
                         "'step' is an integer")
     for key in ("ts", "dur"):
         v = e.get(key, 0.0 if key == "dur" else None)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or (key == "dur" and v < 0):
             raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has {key}={v!r}; expected a finite number "
                             "of microseconds")
 
@@ -159,6 +172,8 @@ def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
             raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not a UTF-8 JSON trace file ({e.reason})") from None
+        except (ValueError, RecursionError) as e:  # a huge integer, deep nesting
+            raise DataError(f"{path}: not a JSON trace file ({e or 'nested too deeply'})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
             raise DataError(f"{path}: not a trace (expected a JSON object with a 'traceEvents' list)")
         for i, e in enumerate(obj["traceEvents"]):
@@ -180,10 +195,11 @@ def load_samples(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
                 raise DataError(f"{where}: expected an object with 'time_s' and 'util_pct'")
             for key in ("time_s", "util_pct", "device"):
                 v = row.get(key, 0)
-                if isinstance(v, bool) or not isinstance(v, int | float):
-                    raise DataError(f"{where}: {key}={v!r} is not a number")
+                if isinstance(v, bool) or not isinstance(v, int | float) or (key != "util_pct" and not _finite(v)):
+                    raise DataError(f"{where}: {key}={v!r} is not a{' finite' if key != 'util_pct' else ''} number")
             rows.append(row)
-        out[rank] = rows
+        if rows:  # an empty file (a run that stopped before its first sample) has nothing to plot
+            out[rank] = rows
     return out
 
 
@@ -276,9 +292,10 @@ def summary(rows: list[dict[str, float]]) -> list[tuple[str, str, float | None]]
     for label, key, how in SUMMARY_KEYS:
         vals = [r[key] for r in train if key in r and math.isfinite(r[key])]
         value = (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else None
-        timed = [r for r in train if "perf/total_num_tokens" in r]
-        if how == "rate" and timed and len(timed) == len(train):
-            value = sum(r["perf/total_num_tokens"] for r in timed) / sum(r["timing_s/step"] for r in timed) * 3600
+        timed = [r for r in train if math.isfinite(r.get("perf/total_num_tokens", math.nan))]
+        step_s = sum(r["timing_s/step"] for r in timed)
+        if how == "rate" and timed and len(timed) == len(train) and step_s > 0:
+            value = sum(r["perf/total_num_tokens"] for r in timed) / step_s * 3600
         out.append((label, key, value))
     return out
 

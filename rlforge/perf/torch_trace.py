@@ -129,6 +129,8 @@ def load_events(path: str | Path) -> list[dict[str, Any]]:
         raise DataError(f"{p}: not a JSON trace file ({e})") from None
     except RecursionError:
         raise DataError(f"{p}: not a JSON trace file (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise DataError(f"{p}: not a JSON trace file ({e})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
         raise DataError(f"{p}: not a Chrome trace (expected a JSON object with a 'traceEvents' list)")
     return obj["traceEvents"]
@@ -140,13 +142,22 @@ def _complete(events: list[Any], path: Path) -> list[_Event]:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-               for v in (ts, dur)) or dur < 0:
+        if not all(_finite(v) for v in (ts, dur)) or dur < 0 or not math.isfinite(float(ts) + float(dur)):
             raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has ts={ts!r}, dur={dur!r}; "
                             "expected finite numbers of microseconds, dur >= 0")
-        out.append(_Event(str(e.get("name", "")), str(e.get("cat", "")), ts, ts + dur,
-                          (e.get("pid"), e.get("tid"))))
+        out.append(_Event(str(e.get("name", "")), str(e.get("cat", "")), float(ts), float(ts) + float(dur),
+                          (str(e.get("pid")), str(e.get("tid")))))
     return out
+
+
+def _finite(v: Any) -> bool:
+    """A finite number of microseconds (not a bool; an integer too large for a float is not)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -230,9 +241,10 @@ def summarize(path: str | Path, num_gaps: int = 10, top_kernels: int = 15,
             for a, b in (holes[:num_gaps] if device else [])]
     by_name: dict[str, list[float]] = defaultdict(list)
     by_cat: dict[str, list[float]] = defaultdict(list)
-    for e in device:
-        by_name[e.name].append(e.end - e.start)
-        by_cat[kernel_category(e.name, e.cat)].append(e.end - e.start)
+    for e in device:  # the part of each event inside the window, as for the busy time
+        inside = min(e.end, w1) - max(e.start, w0)
+        by_name[e.name].append(inside)
+        by_cat[kernel_category(e.name, e.cat)].append(inside)
     return TraceSummary(p, source, (w1 - w0) / 1e3, busy_us / 1e3, (w1 - w0 - busy_us) / 1e3, len(device),
                         gaps, len(holes) if device else 0, min_gap_ms, _rows(by_name, busy_us, top_kernels),
                         _rows(by_cat, busy_us, None))

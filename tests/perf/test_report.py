@@ -127,6 +127,8 @@ def test_gpu_samples_and_trace_are_plotted(tmp_path: Path):
         ("", "has no metrics"),
         ('{"step": 1, "timing_s/step": NaN}\n', "line 1: timing_s/step is nan; a stage time must be a finite number"),
         ('{"step": 1, "timing_s/gen": Infinity}\n', "line 1: timing_s/gen is inf"),
+        ('{"step": 1, "timing_s/step": -5.0}\n', "line 1: timing_s/step is -5.0; a stage time must be a finite number"),
+        ('{"step": 1, "timing_s/step": 1' + "0" * 400 + "}\n", "line 1: metric 'timing_s/step' is an integer too large"),
         ('{"step": 1}\n\udcff\n', "line 2: not a UTF-8 JSON-lines file"),
     ],
 )
@@ -209,6 +211,8 @@ def test_unwritable_out_and_bad_trace_event_are_one_line_errors(tmp_path: Path):
      r"traceEvents\[0\] \('gen'\) has args=None"),
     ("rank0.json", {"traceEvents": [{"ph": "X", "ts": 0, "dur": 5}]}, r"traceEvents\[0\] has no name"),
     ("gpu_samples_rank0.jsonl", {"time_s": 1, "util_pct": "high"}, r"line 1: util_pct='high' is not a number"),
+    ("gpu_samples_rank0.jsonl", {"time_s": float("nan"), "util_pct": 5}, r"line 1: time_s=nan is not a finite number"),
+    ("rank0.json", {"traceEvents": [{"ph": "X", "name": "gen", "ts": 0, "dur": -1}]}, r"has dur=-1"),
 ])
 def test_malformed_stage_trace_and_samples_are_one_line_errors(tmp_path: Path, where: str, content: dict,
                                                                fragment: str):
@@ -237,3 +241,20 @@ def test_tokens_per_hour_is_the_runs_rate_not_the_mean_of_step_rates(tmp_path: P
     write_jsonl(tmp_path / "metrics.jsonl", rows)
     summary = parse_table(write_report(tmp_path).read_text(), "| metric |")
     assert num(summary["tokens per hour (all ranks, over the steps)"][0]) == pytest.approx(720000, rel=1e-3)
+
+
+def test_odd_files_beside_a_run_do_not_break_or_bend_the_report(tmp_path: Path):
+    """An empty GPU-samples file (a run stopped before its first sample), a directory and a backup
+    file named like rank traces are passed over; a NaN token count leaves the tokens-per-hour
+    row on the mean of the per-step rates instead of spreading."""
+    (tmp_path / "trace").mkdir()
+    rows = [dict(r) for r in HAND_ROWS]
+    rows[1]["perf/total_num_tokens"] = float("nan")
+    rows[2]["perf/total_num_tokens"] = 1000.0
+    write_jsonl(tmp_path / "metrics.jsonl", rows)
+    (tmp_path / "trace" / "gpu_samples_rank0.jsonl").write_text("")
+    (tmp_path / "trace" / "rank1.json").mkdir()
+    (tmp_path / "trace" / "rank0.backup.json").write_text("not json")
+    summary = parse_table(write_report(tmp_path).read_text(), "| metric |")
+    assert num(summary["tokens per hour (all ranks, over the steps)"][0]) == pytest.approx((3.6e6 + 2.88e6) / 2,
+                                                                                          rel=1e-3)
