@@ -121,6 +121,7 @@ def pipeline_micro_batches(batch: Batch, micro_batch_size: int, max_token_len: i
 
 
 def _pad_dim1(t: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Zeros on the left/right of dim 1 (a negative count cuts columns instead)."""
     if not (left or right):
         return t
     return F.pad(t, [0, 0] * (t.ndim - 2) + [left, right])
@@ -140,24 +141,31 @@ def align_widths(parts: list[Batch]) -> list[Batch]:
     if len(set(resp)) == 1 and len(set(full)) == 1:
         return parts
     big_r, big_p = max(resp), max(f - r for f, r in zip(full, resp, strict=True))
-    out = []
-    for b, r, f in zip(parts, resp, full, strict=True):
-        p = f - r
-        d: dict[str, torch.Tensor] = {}
-        for k in b.tensors.keys():
-            t = b[k]
-            if t.ndim < 2:
-                d[k] = t
-            elif k == "prompts":
-                d[k] = _pad_dim1(t, big_p - p, 0)
-            elif t.shape[1] == f:
-                d[k] = _pad_dim1(t, big_p - p, big_r - r)
-            elif t.shape[1] == r:
-                d[k] = _pad_dim1(t, 0, big_r - r)
-            else:
-                raise ValueError(f"cannot align {k!r} of width {t.shape[1]} (prompt {p}, response {r})")
-        out.append(Batch.from_dict(d, dict(b.non_tensor), dict(b.meta)))
-    return out
+    return [_rewidth(b, f - r, r, big_p - (f - r), big_r - r) for b, r, f in zip(parts, resp, full, strict=True)]
+
+
+def _rewidth(b: Batch, p: int, r: int, dp: int, dr: int) -> Batch:
+    """``b`` (prompt width ``p``, response width ``r``) with ``dp`` columns on the left of the prompt
+    and ``dr`` on the right of the response, zeros added when positive, columns cut when negative,
+    in every prompt-, full- and response-wide tensor.
+
+    Raises:
+        ValueError: a tensor of another width.
+    """
+    d: dict[str, torch.Tensor] = {}
+    for k in b.tensors.keys():
+        t = b[k]
+        if t.ndim < 2:
+            d[k] = t
+        elif k == "prompts":
+            d[k] = _pad_dim1(t, dp, 0)
+        elif t.shape[1] == p + r:
+            d[k] = _pad_dim1(t, dp, dr)
+        elif t.shape[1] == r:
+            d[k] = _pad_dim1(t, 0, dr)
+        else:
+            raise ValueError(f"cannot change the widths of {k!r}, {t.shape[1]} wide (prompt {p}, response {r})")
+    return Batch.from_dict(d, dict(b.non_tensor), dict(b.meta))
 
 
 def _widths(b: Batch) -> tuple[int, int]:
@@ -180,20 +188,7 @@ def trim_widths(b: Batch) -> Batch:
     r_keep = max(int(am[:, p:].sum(1).max()), 1)
     if (p_keep, r_keep) == (p, r):
         return b
-    d: dict[str, torch.Tensor] = {}
-    for k in b.tensors.keys():
-        t = b[k]
-        if t.ndim < 2:
-            d[k] = t
-        elif k == "prompts":
-            d[k] = t[:, p - p_keep:]
-        elif t.shape[1] == p + r:
-            d[k] = t[:, p - p_keep: p + r_keep]
-        elif t.shape[1] == r:
-            d[k] = t[:, :r_keep]
-        else:
-            raise ValueError(f"cannot trim {k!r} of width {t.shape[1]} (prompt {p}, response {r})")
-    return Batch.from_dict(d, dict(b.non_tensor), dict(b.meta))
+    return _rewidth(b, p, r, p_keep - p, r_keep - r)
 
 
 def length_sorted_micro_batches(batch: Batch, max_token_len: int, key: str) -> tuple[list[Batch], list[int]]:
