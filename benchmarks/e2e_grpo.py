@@ -520,6 +520,13 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--out {args.out}: exists and is not a folder")
     if (args.prompts * args.n) % args.micro_batch:
         p.error(f"--micro-batch {args.micro_batch} must divide prompts x n = {args.prompts * args.n}")
+    if args.n < 2:
+        p.error(f"--n must be >= 2 (GRPO normalises rewards within each prompt's group), got {args.n}")
+    if args.token_budget < args.prompt_len + args.response_len:
+        p.error(f"--token-budget {args.token_budget} is below one sequence (--prompt-len + --response-len = "
+                f"{args.prompt_len + args.response_len})")
+    if len(set(args.models)) != len(args.models):
+        p.error(f"--models lists a model twice: {args.models}")
     unknown = [m for m in args.models if m.removeprefix("preset:") not in PRESETS]
     if unknown:
         p.error(f"--models: unknown preset(s) {unknown}; valid: {', '.join(PRESETS)}")

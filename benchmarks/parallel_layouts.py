@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="one extra step per row under torch.profiler: NCCL kernel ms, GPU busy ms and idle fraction "
                         "of rank 0 (its trace goes to --log-dir)")
-    p.add_argument("--attn", default="rlforge_varlen",
+    p.add_argument("--attn", default="rlforge_varlen", choices=("rlforge_varlen", "flex_attention", "sdpa", ""),
                    help="attention of the packed FSDP2 rows (rlforge_varlen, flex_attention, sdpa)")
     launcher = p.add_argument_group("launcher (without torchrun)")
     launcher.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per row")
@@ -206,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if not args.row_timeout > 0:
+        p.error(f"--row-timeout must be > 0 seconds, got {args.row_timeout}")
     if Path(args.log_dir).exists() and not Path(args.log_dir).is_dir():
         p.error(f"--log-dir {args.log_dir}: exists and is not a folder")
     return args
