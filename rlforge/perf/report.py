@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge.errors import DataError, RLForgeError
-from rlforge.perf.torch_trace import TraceSummary, summarize
+from rlforge.perf.torch_trace import TraceSummary, finite_number, load_events, summarize
 from rlforge.perf.torch_trace import render_markdown as render_torch_trace
 
 STEP_STAGES = ("gen", "gen_max", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
@@ -132,13 +132,6 @@ def _rank_of(path: Path, prefix: str) -> int | None:
     return int(m.group(1)) if m and path.is_file() else None
 
 
-def _finite(v: float) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:  # an integer too large for a float
-        return False
-
-
 def _check_event(e: Any, path: Path, i: int) -> None:
     """A complete ("X") event needs a name, a finite numeric ``ts`` and ``dur`` (microseconds),
     and ``args`` (if any) an object whose ``step`` (if any) is an integer."""
@@ -154,7 +147,7 @@ def _check_event(e: Any, path: Path, i: int) -> None:
                         "'step' is an integer")
     for key in ("ts", "dur"):
         v = e.get(key, 0.0 if key == "dur" else None)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or (key == "dur" and v < 0):
+        if not finite_number(v) or (key == "dur" and v < 0):
             raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has {key}={v!r}; expected a finite number "
                             "of microseconds")
 
@@ -166,19 +159,10 @@ def load_traces(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
         rank = _rank_of(path, "rank")
         if rank is None:
             continue
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not a UTF-8 JSON trace file ({e.reason})") from None
-        except (ValueError, RecursionError) as e:  # a huge integer, deep nesting
-            raise DataError(f"{path}: not a JSON trace file ({e or 'nested too deeply'})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
-            raise DataError(f"{path}: not a trace (expected a JSON object with a 'traceEvents' list)")
-        for i, e in enumerate(obj["traceEvents"]):
+        events = load_events(path)  # the same reading and errors as ``rlforge perf trace``
+        for i, e in enumerate(events):
             _check_event(e, path, i)
-        out[rank] = obj["traceEvents"]
+        out[rank] = events
     return out
 
 
@@ -195,7 +179,7 @@ def load_samples(trace_dir: Path) -> dict[int, list[dict[str, Any]]]:
                 raise DataError(f"{where}: expected an object with 'time_s' and 'util_pct'")
             for key in ("time_s", "util_pct", "device"):
                 v = row.get(key, 0)
-                if isinstance(v, bool) or not isinstance(v, int | float) or (key != "util_pct" and not _finite(v)):
+                if isinstance(v, bool) or not isinstance(v, int | float) or (key != "util_pct" and not finite_number(v)):
                     raise DataError(f"{where}: {key}={v!r} is not a{' finite' if key != 'util_pct' else ''} number")
             rows.append(row)
         if rows:  # an empty file (a run that stopped before its first sample) has nothing to plot

@@ -125,7 +125,9 @@ def load_events(path: str | Path) -> list[dict[str, Any]]:
             obj = json.load(fh)
     except json.JSONDecodeError as e:
         raise DataError(f"{p} line {e.lineno}: not valid JSON ({e.msg})") from None
-    except (UnicodeDecodeError, OSError, EOFError) as e:  # binary data, bad gzip
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not a UTF-8 JSON trace file ({e.reason})") from None
+    except (OSError, EOFError) as e:  # bad gzip
         raise DataError(f"{p}: not a JSON trace file ({e})") from None
     except RecursionError:
         raise DataError(f"{p}: not a JSON trace file (nested too deeply)") from None
@@ -142,7 +144,7 @@ def _complete(events: list[Any], path: Path) -> list[_Event]:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if not all(_finite(v) for v in (ts, dur)) or dur < 0 or not math.isfinite(float(ts) + float(dur)):
+        if not all(finite_number(v) for v in (ts, dur)) or dur < 0 or not math.isfinite(float(ts) + float(dur)):
             raise DataError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has ts={ts!r}, dur={dur!r}; "
                             "expected finite numbers of microseconds, dur >= 0")
         out.append(_Event(str(e.get("name", "")), str(e.get("cat", "")), float(ts), float(ts) + float(dur),
@@ -150,7 +152,7 @@ def _complete(events: list[Any], path: Path) -> list[_Event]:
     return out
 
 
-def _finite(v: Any) -> bool:
+def finite_number(v: Any) -> bool:
     """A finite number of microseconds (not a bool; an integer too large for a float is not)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return False
