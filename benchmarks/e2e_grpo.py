@@ -217,12 +217,13 @@ def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any
     }
 
 
-def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path) -> dict:
+def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path,
+                gpu: str | None = None) -> dict:
     run_dir = out / f"rlforge_{model}"
     cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
            *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout),
            *args.rlforge_extra]
-    finished = _run(cmd, out / f"rlforge_{model}.log", args.run_time_limit)
+    finished = _run(cmd, out / f"rlforge_{model}.log", args.run_time_limit, gpu)
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     summary = summarize_rlforge(rows, wl)
@@ -232,12 +233,12 @@ def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, d
 
 
 # ---------------------------------------------------------------------------- TRL
-def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path) -> dict:
+def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, gpu: str | None = None) -> dict:
     result = out / f"trl_{model}.json"
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", model, "--workload", json.dumps(asdict(wl)),
            "--data", str(data), "--out", str(out)] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     result.unlink(missing_ok=True)
-    finished = _run(cmd, out / f"trl_{model}.log", args.run_time_limit)
+    finished = _run(cmd, out / f"trl_{model}.log", args.run_time_limit, gpu)
     if not result.exists():
         raise RuntimeError(f"no measured step finished (see {out / f'trl_{model}.log'})")
     summary = json.loads(result.read_text())
@@ -371,15 +372,12 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
 
 # ---------------------------------------------------------------------------- output
-_GPU = threading.local()  # the GPU (a CUDA_VISIBLE_DEVICES entry) of this worker thread, with --gpus
-
-
-def _run(cmd: list[str], log: Path, time_limit: float | None = None) -> bool:
+def _run(cmd: list[str], log: Path, time_limit: float | None = None, gpu: str | None = None) -> bool:
     """Run ``cmd`` with its output in ``log``; True when it finished, False when ``time_limit``
     seconds ran out first (the run is then stopped and summarised from the steps it completed).
 
-    Raises RuntimeError when it exits with an error."""
-    gpu = getattr(_GPU, "id", None)
+    ``gpu``: the child's ``CUDA_VISIBLE_DEVICES`` (None: inherited).  Raises RuntimeError when it
+    exits with an error."""
     env = ENV if gpu is None else {**ENV, "CUDA_VISIBLE_DEVICES": gpu}
     print(f"$ {'' if gpu is None else f'CUDA_VISIBLE_DEVICES={gpu} '}{' '.join(cmd[:6])} ... (log: {log})", flush=True)
     with log.open("w") as fh:
@@ -454,20 +452,21 @@ def stage_table(runs: list[dict[str, Any]]) -> str:
 
 
 def run_jobs(
-    jobs: list[tuple[str, str, Callable[[], dict]]], gpus: list[str],
+    jobs: list[tuple[str, str, Callable[[str | None], dict]]], gpus: list[str],
     on_done: Callable[[list[dict[str, Any]]], None] = lambda runs: None,
 ) -> list[dict[str, Any]]:
     """Run ``(model, framework, job)`` entries one after another, or, with ``gpus``, one per
     GPU at a time (each run alone on its GPU; the larger models first, so the longest runs
     start first).  Returns the runs in the order given, a failed one as ``{"error": ...}``;
-    ``on_done`` gets the runs finished so far (in that order) after each run."""
+    ``on_done`` gets the runs finished so far (in that order) after each run.  A job is called with
+    its GPU id (None without ``gpus``)."""
     results: dict[int, dict[str, Any]] = {}
     lock = threading.Lock()
 
-    def one(i: int) -> None:
+    def one(i: int, gpu: str | None) -> None:
         model, framework, job = jobs[i]
         try:
-            res = {"model": model, "framework": framework, **job()}
+            res = {"model": model, "framework": framework, **job(gpu)}
         except (RuntimeError, OSError, ValueError, KeyError) as e:
             print(f"{model} {framework} failed: {e}", file=sys.stderr, flush=True)
             res = {"model": model, "framework": framework, "error": str(e)}
@@ -476,9 +475,8 @@ def run_jobs(
             on_done([results[k] for k in sorted(results)])
 
     if len(gpus) < 2:
-        _GPU.id = gpus[0] if gpus else None
         for i in range(len(jobs)):
-            one(i)
+            one(i, gpus[0] if gpus else None)
         return [results[i] for i in range(len(jobs))]
 
     def size(model: str) -> float:  # billions of parameters, from the preset name ("qwen2.5-1.5b" -> 1.5)
@@ -489,13 +487,12 @@ def run_jobs(
     for i in sorted(range(len(jobs)), key=lambda i: (-size(jobs[i][0]), jobs[i][1] != "trl")):  # TRL is the slower
         todo.put(i)
     def worker(gpu: str) -> None:
-        _GPU.id = gpu
         while True:
             try:
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            one(i)
+            one(i, gpu)
 
     threads = [threading.Thread(target=worker, args=(g,)) for g in gpus]
     for t in threads:
@@ -589,12 +586,12 @@ def main() -> int:
         p.error(f"--tokenizer: {e}")
     out.mkdir(parents=True, exist_ok=True)
     data, reward = write_inputs(out, tok, wl)
-    jobs: list[tuple[str, str, Callable[[], dict]]] = []
+    jobs: list[tuple[str, str, Callable[[str | None], dict]]] = []
     for model in (m.removeprefix("preset:") for m in args.models):
         if not args.skip_rlforge:
-            jobs.append((model, "rlforge", lambda m=model: run_rlforge(m, wl, args, out, data, reward)))
+            jobs.append((model, "rlforge", lambda gpu, m=model: run_rlforge(m, wl, args, out, data, reward, gpu)))
         if not args.skip_trl:
-            jobs.append((model, "trl", lambda m=model: run_trl(m, wl, args, out, data)))
+            jobs.append((model, "trl", lambda gpu, m=model: run_trl(m, wl, args, out, data, gpu)))
     def write(runs: list[dict[str, Any]]) -> str:
         """The tables of ``runs`` into OUT/e2e_grpo.{md,json} (after every run, so a run cut
         short by its machine still leaves the finished runs' table)."""
