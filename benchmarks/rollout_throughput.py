@@ -8,12 +8,17 @@ Workloads (random-weight ``preset:`` models in bf16, sampling at temperature 1, 
 
 Rows: transformers ``generate`` at each ``--hf-batch`` size (one batch each; its best size is
 the baseline), and the native engine with Triton or torch decode attention, with and without
-CUDA graphs, with and without the fused Triton layer kernels (``-unfused``).  Each row reports output tokens/s, the ratio to the best ``generate``, and the
-fraction of the decode roofline: the bytes one decode step must read (all weights once, plus
-every running sequence's K/V so far) summed over the run's decode steps, over the device
-bandwidth measured in the same run, divided by the measured time.  The compute floor (2 x
-parameters x tokens over the bf16 peak) is printed beside it, since a large batch can be
-compute-bound before it is bandwidth-bound.
+CUDA graphs, with and without the fused Triton layer kernels (``-unfused``), with and without
+packed Q/K/V and gate/up GEMMs (``-unpacked``).  Each row reports output tokens/s, the ratio to
+the best ``generate``, and the fraction of the decode roofline: the bytes one decode step must
+read (all weights once, plus every running sequence's K/V so far) summed over the run's decode
+steps, over the device bandwidth measured in the same run, divided by the measured time.  The
+compute floor (2 x parameters x tokens over the bf16 peak) is printed beside it, since a large
+batch can be compute-bound before it is bandwidth-bound.  ``decode step frac`` is the same
+roofline for the decode steps alone: the mean floor of one decode step over the mean measured
+decode step (``rollout/decode_s`` less graph capture, over ``rollout/decode_steps``); the
+whole-run fraction also charges the prefill-carrying steps, whose compute the bandwidth
+roofline counts as zero.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Row:
     roofline_s: float
     compute_s: float
     extra: str = ""
+    decode_step_frac: float = math.nan
 
     @property
     def tok_s(self) -> float:
@@ -84,7 +90,8 @@ def measure_bandwidth() -> float:
 
 def floors(model: torch.nn.Module, n: int, max_num_seqs: int, bw: float) -> tuple[float, float]:
     """(decode memory roofline seconds, compute floor seconds) for ``n`` sequences of
-    PROMPT_LEN + NEW_TOKENS decoded ``max_num_seqs`` at a time."""
+    PROMPT_LEN + NEW_TOKENS decoded ``max_num_seqs`` at a time (``-(-n // max_num_seqs)``
+    waves of NEW_TOKENS decode steps)."""
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -123,6 +130,16 @@ def run_native(model, batch: Batch, max_num_seqs: int, **kw) -> tuple[int, float
     out = eng.generate(batch, params)
     torch.cuda.synchronize()
     return int(out["response_mask"].sum()), time.perf_counter() - t, eng.metrics()
+
+
+def decode_step_frac(roofline_s: float, n: int, max_num_seqs: int, m: dict[str, float]) -> float:
+    """The mean decode step's floor (``roofline_s`` over the run's waves x NEW_TOKENS steps)
+    over the mean measured decode step (graph capture left out)."""
+    steps = m.get("rollout/decode_steps", 0.0)
+    measured = m.get("rollout/decode_s", 0.0) - m.get("rollout/graph_capture_s", 0.0)
+    if steps <= 0 or measured <= 0:
+        return math.nan
+    return (roofline_s / (-(-n // max_num_seqs) * NEW_TOKENS)) / (measured / steps)
 
 
 def phases(m: dict[str, float]) -> str:
@@ -217,8 +234,9 @@ def main() -> None:
     ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], help="models that also run generate")
     ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1024])
     ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
-                    help="native variants: ATTENTION-{graph,eager}[-unfused] (unfused: the layers' elementwise "
-                         "work in eager torch ops instead of the fused Triton kernels)")
+                    help="native variants: ATTENTION-{graph,eager}[-unfused][-unpacked] (unfused: the layers' "
+                         "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
+                         "separate Q/K/V and gate/up GEMMs)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true")
@@ -227,6 +245,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
     ap.add_argument("--kernels", action="store_true", help="time the decode attention and sampling kernels and exit")
     args = ap.parse_args()
+    for v in f"{args.variants},{args.big_variants}".split(","):
+        parts = v.split("-")
+        if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
+                or not set(parts[2:]) <= {"unfused", "unpacked"}):
+            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked], "
+                     "ATTENTION triton or torch")
     globals()["NEW_TOKENS"] = args.new_tokens
     if args.kernels:
         kernel_bench(measure_bandwidth())
@@ -256,12 +280,12 @@ def main() -> None:
         for mns in args.max_num_seqs if small else args.big_max_num_seqs:
             for v in (args.variants if small else args.big_variants).split(","):
                 attn, mode, *rest = v.split("-")
-                fused = False if rest == ["unfused"] else None
                 tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager",
-                                            fused_kernels=fused)
+                                            fused_kernels=False if "unfused" in rest else None,
+                                            pack_weights=False if "unpacked" in rest else None)
                 roof, comp = floors(model, args.prompts, mns, bw)
                 rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
-                                phases(m)))
+                                phases(m), decode_step_frac(roof, args.prompts, mns, m)))
                 print(rows[-1], flush=True)
         if not args.skip_grpo and small:
             group = prompts(args.groups * 8, vocab, seed=2, group=8)
@@ -270,7 +294,8 @@ def main() -> None:
                 roof, comp = floors(model, args.groups * 8, max(args.max_num_seqs), bw)
                 rows.append(Row(name, f"grpo {args.groups}x8", "native", f"prefix {'on' if prefix else 'off'}",
                                 tokens, sec, roof, comp,
-                                f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {phases(m)}"))
+                                f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {phases(m)}",
+                                decode_step_frac(roof, args.groups * 8, max(args.max_num_seqs), m)))
                 print(rows[-1], flush=True)
         del model
         torch.cuda.empty_cache()
@@ -279,12 +304,13 @@ def main() -> None:
                for r in rows}
     print()
     print("| model | workload | engine | setting | output tok/s | x best generate | decode roofline frac | "
-          "compute floor frac | time s | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "decode step frac | compute floor frac | time s | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        step = "–" if math.isnan(r.decode_step_frac) else f"{r.decode_step_frac:.2f}"
         print(f"| {r.model} | {r.workload} | {r.engine} | {r.setting} | {r.tok_s:,.0f} | "
-              f"{r.tok_s / best_hf[r.model]:.1f} | {r.roofline_s / r.seconds:.2f} | {r.compute_s / r.seconds:.2f} | "
-              f"{r.seconds:.1f} | {r.extra} |")
+              f"{r.tok_s / best_hf[r.model]:.1f} | {r.roofline_s / r.seconds:.2f} | {step} | "
+              f"{r.compute_s / r.seconds:.2f} | {r.seconds:.1f} | {r.extra} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1)

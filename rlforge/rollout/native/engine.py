@@ -39,6 +39,7 @@ from rlforge.rollout.native.model_runner import (
     prepare_inputs,
     unsupported_reason,
 )
+from rlforge.rollout.native.rollout_weights import RolloutWeights
 from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rlforge.rollout.native.sequence import Sequence
@@ -68,6 +69,8 @@ class NativeRollout(Rollout):
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
         fused_kernels: the decoder layers' elementwise work in fused Triton kernels
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
+        pack_weights: Q/K/V and gate/up projections as one GEMM each, from copies refreshed
+            before every generation (:mod:`.rollout_weights`); None = on CUDA.
 
     Raises ValueError for a non-positive size.
     """
@@ -97,6 +100,7 @@ class NativeRollout(Rollout):
         max_decode_burst: int = 16,
         attention: str = "auto",
         fused_kernels: bool | None = None,
+        pack_weights: bool | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"rollout block_size must be >= 1, got {block_size}")
@@ -125,12 +129,14 @@ class NativeRollout(Rollout):
         self.max_decode_burst = max_decode_burst
         self.attention = attention
         self.fused_kernels = fused_kernels
+        self.pack_weights = self.device.type == "cuda" if pack_weights is None else bool(pack_weights)
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
         self._last_metrics: dict[str, float] = {}
         self._cache: KVCache | None = None
         self._runner: ModelRunner | None = None
         self._graphs: DecodeGraphs | None = None
+        self._runner_key: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ memory
     def _cache_dtype(self) -> torch.dtype:
@@ -152,10 +158,12 @@ class NativeRollout(Rollout):
         free, total = torch.cuda.mem_get_info(self.device)
         vocab = self.module.lm_head.weight.shape[0]
         scratch = 2 * self.scheduler_config.max_num_seqs * vocab * 4  # logits and sampling buffers
-        budget = free * 0.9 - scratch
+        copies = RolloutWeights.planned_bytes(self.module, self._cache_dtype(), self.pack_weights)
+        held = self._runner.weights.copy_bytes() if self._runner is not None else 0  # already out of `free`
+        budget = free * 0.9 - scratch - (copies - held)
         if self.gpu_memory_utilization is not None:
             weights = sum(p.numel() * p.element_size() for p in self.module.parameters())
-            budget = min(budget, self.gpu_memory_utilization * total - weights - scratch)
+            budget = min(budget, self.gpu_memory_utilization * total - weights - copies - scratch)
         blocks = int(budget // per)
         if blocks < 1:
             raise RLForgeError(
@@ -171,7 +179,8 @@ class NativeRollout(Rollout):
         max_blocks = max(-(-s.max_len // self.block_size) for s in seqs)
         batch = min(self.scheduler_config.max_num_seqs, len(seqs))
         reuse = (
-            self._cache is not None and self._cache.num_blocks >= num_blocks + 1
+            self._cache is not None and self._runner is not None and self._cache.num_blocks >= num_blocks + 1
+            and self._runner_key == weights_key(self.module)
             and (self._graphs is None or (self._graphs.max_blocks >= max_blocks and self._graphs.sizes[-1] >= batch
                                           and self._graphs.key[1] == weights_key(self.module)))
             and self._cache.data.dtype == self._cache_dtype()
@@ -180,10 +189,13 @@ class NativeRollout(Rollout):
             self._sleep()
             self._cache = KVCache.allocate(spec.num_layers, num_blocks + 1, self.block_size, spec.num_kv_heads,
                                            spec.head_dim, self._cache_dtype(), self.device)
-            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels)
+            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights)
+            self._runner_key = weights_key(self.module)
             if self.use_graphs:
                 sizes = capture_sizes(self.cudagraph_capture_sizes, batch)
                 self._graphs = DecodeGraphs(self._runner, sizes, max_blocks, num_blocks * self.block_size)
+        else:
+            self._runner.refresh_weights()  # the trainer's in-place updates since the last generation
         assert self._runner is not None and self._cache is not None
         return self._runner, self._cache.num_blocks - 1
 

@@ -32,6 +32,7 @@ from rlforge.rollout.native.attention import (
     resolve_backend,
 )
 from rlforge.rollout.native.kv_cache import KVCache
+from rlforge.rollout.native.rollout_weights import RolloutWeights, Slot
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -177,8 +178,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    return F.linear(x, lin.weight, lin.bias)
+def _project(x: torch.Tensor, slots: list[Slot]) -> list[torch.Tensor]:
+    """The outputs of the linears in ``slots`` on ``x`` (a packed slot: one GEMM, split into views)."""
+    out: list[torch.Tensor] = []
+    for s in slots:
+        y = F.linear(x, s.weight, s.bias)
+        out += list(y.split(s.sizes, dim=-1)) if len(s.sizes) > 1 else [y]
+    return out
 
 
 class ModelRunner:
@@ -189,13 +195,21 @@ class ModelRunner:
     ``fused``: the layers' elementwise work in the Triton kernels of
     :mod:`.triton_fused` (four launches per layer instead of ~30); None = exactly when the
     attention backend is ``triton`` (CUDA with Triton).  Raises ValueError for ``fused=True``
-    where Triton cannot run.
+    where Triton cannot run.  ``pack``: Q/K/V and gate/up as one GEMM each
+    (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
+    (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
     """
 
-    def __init__(self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None,
+        pack: bool | None = None,
+    ) -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
         self.cache = cache
+        if pack is None:
+            pack = cache.data.device.type == "cuda"
+        self.weights = RolloutWeights(module, cache.data.dtype, bool(pack))
         self.backend = resolve_backend(attention, cache.data.device)
         self.scale = self.spec.head_dim ** -0.5
         half = self.spec.head_dim // 2
@@ -206,6 +220,10 @@ class ModelRunner:
             raise ValueError("the fused rollout kernels need a CUDA device, the triton package and a power-of-two "
                              f"head dimension (this model's is {self.spec.head_dim})")
         self.fused = bool(fused)
+
+    def refresh_weights(self) -> None:
+        """Copy the module's current weights into the runner's packed / cast copies (before each generation)."""
+        self.weights.refresh()
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rot = self.module.model.rotary_emb
@@ -245,11 +263,12 @@ class ModelRunner:
         cos, sin = cos[:, None, :], sin[:, None, :]
         T = h.shape[0]
         for i, layer in enumerate(m.layers):
-            att = layer.self_attn
+            att, lw = layer.self_attn, self.weights.layers[i]
             x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-            q = _linear(x, att.q_proj).view(T, s.num_heads, s.head_dim)
-            k = _linear(x, att.k_proj).view(T, s.num_kv_heads, s.head_dim)
-            v = _linear(x, att.v_proj).view(T, s.num_kv_heads, s.head_dim)
+            q, k, v = _project(x, lw.qkv)
+            q = q.reshape(T, s.num_heads, s.head_dim)
+            k = k.reshape(T, s.num_kv_heads, s.head_dim)
+            v = v.reshape(T, s.num_kv_heads, s.head_dim)
             if getattr(att, "q_norm", None) is not None:  # Qwen3
                 q = rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)
                 k = rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)
@@ -258,10 +277,10 @@ class ModelRunner:
             self.cache.flat(i, 0)[slot_mapping] = k.to(self.cache.data.dtype)
             self.cache.flat(i, 1)[slot_mapping] = v.to(self.cache.data.dtype)
             a = attend(q, i).to(h.dtype)
-            h = h + _linear(a.reshape(T, -1), att.o_proj)
+            h = h + F.linear(a.reshape(T, -1), *lw.o.linear)
             x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            mlp = layer.mlp
-            h = h + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+            gate, up = _project(x, lw.gate_up)
+            h = h + F.linear(F.silu(gate) * up, *lw.down.linear)
         return h
 
     def _body_fused(
@@ -278,26 +297,26 @@ class ModelRunner:
         T = h.shape[0]
         delta: torch.Tensor | None = None  # the last MLP output, not yet added to h
         for i, layer in enumerate(m.layers):
-            att, ln = layer.self_attn, layer.input_layernorm
+            att, ln, lw = layer.self_attn, layer.input_layernorm, self.weights.layers[i]
             x, h = add_rms_norm(h, ln.weight, ln.variance_epsilon) if delta is None else \
                 add_rms_norm(delta, ln.weight, ln.variance_epsilon, residual=h)
-            q = _linear(x, att.q_proj).view(T, s.num_heads, s.head_dim)
-            k = _linear(x, att.k_proj).view(T, s.num_kv_heads, s.head_dim)
-            v = _linear(x, att.v_proj).view(T, s.num_kv_heads, s.head_dim)
+            q, k, v = _project(x, lw.qkv)  # views of one packed output keep their row stride
+            q = q.view(T, s.num_heads, s.head_dim)
+            k = k.view(T, s.num_kv_heads, s.head_dim)
+            v = v.view(T, s.num_kv_heads, s.head_dim)
             if getattr(att, "q_norm", None) is not None:  # Qwen3
                 q = add_rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)[0]
                 k = add_rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)[0]
             q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1))
             a = attend(q, i).to(h.dtype)
             ln = layer.post_attention_layernorm
-            x, h = add_rms_norm(_linear(a.reshape(T, -1), att.o_proj), ln.weight, ln.variance_epsilon, residual=h)
-            mlp = layer.mlp
-            delta = _linear(silu_mul(_linear(x, mlp.gate_proj), _linear(x, mlp.up_proj)), mlp.down_proj)
+            x, h = add_rms_norm(F.linear(a.reshape(T, -1), *lw.o.linear), ln.weight, ln.variance_epsilon, residual=h)
+            delta = F.linear(silu_mul(*_project(x, lw.gate_up)), *lw.down.linear)
         return h if delta is None else h + delta
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         m = self.module.model
-        return _linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), self.module.lm_head)
+        return F.linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), *self.weights.lm_head.linear)
 
     @torch.no_grad()
     def run(self, inp: StepInputs) -> torch.Tensor:

@@ -16,7 +16,9 @@ sizes each of them moves a few megabytes and costs its launch more than its byte
 Numerics follow the eager path op by op (transformers' ``modeling_llama.py``): every
 intermediate that torch rounds to the compute dtype is rounded here too (in RoPE with integer
 bit operations, which no compiler folds away), so in bfloat16 the residual adds, SiLU·mul and
-RoPE equal torch's bit for bit; RMSNorm may differ in the last bit on a few elements per
+RoPE equal torch's bit for bit (float32 RoPE too: the kernel is compiled without FMA
+contraction, which the H200 run showed rounding ``x1 * c + x2 * s`` once where torch rounds
+three times); RMSNorm may differ in the last bit on a few elements per
 million (the order of the float32 sum and the hardware ``rsqrt``).  float16 products in RoPE are
 rounded once, not three times.  Only used on
 CUDA; on CPU the eager path in :mod:`rlforge.rollout.native.model_runner` runs.  Tests run
@@ -173,6 +175,7 @@ def rope_and_cache(
             q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
             H=h_, KVH=kvh, H_PAD=triton.next_power_of_2(h_), KVH_PAD=triton.next_power_of_2(kvh), HALF=d_ // 2,
             BF16=q.dtype == torch.bfloat16, num_warps=4,
+            enable_fp_fusion=False,  # float32: torch rounds the products before the sum, no FMA
         )
     return q_out
 
