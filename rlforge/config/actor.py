@@ -171,6 +171,15 @@ class ActorConfig:
     """KL estimator: ``kl`` (k1) | ``abs`` | ``mse`` (k2) | ``low_var_kl`` (k3) | ``full``."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
+    recompute_old_log_prob: bool | None = None
+    """rlforge addition: the ``old_log_prob`` stage (a forward over the whole batch before the
+    update).  None = skip it when the batch is consumed by exactly one optimizer step
+    (``ppo_epochs=1``, ``ppo_mini_batch_size == data.train_batch_size``) and nothing reads the
+    old log-probs before the update (no ``algorithm.use_kl_in_reward``; not a pipeline-parallel
+    actor): the update then uses its own forward's detached log-probs as the old ones (what
+    verl's actor does on-policy) and reports ``actor/entropy`` and ``training/rollout_probs_diff_*``
+    from that forward.  True = always run the stage; False = skip it (a ConfigError where the
+    batch is not on-policy)."""
     shuffle: bool = False
     """Shuffle the rollout batch before splitting into mini batches."""
     ulysses_sequence_parallel_size: int = 1

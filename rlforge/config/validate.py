@@ -18,6 +18,7 @@ from rlforge.config.later_work import effective_loggers, get_key, later_work_war
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
+from rlforge.trainer.on_policy import skips_old_log_prob
 
 __all__ = ["CHOICES", "effective_loggers", "uses_critic", "validate_config"]
 
@@ -74,6 +75,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         critic = cfg.critic
         _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
+    skips_old_log_prob(cfg)  # recompute_old_log_prob=False on a batch that is not on-policy
     if not _DEVICE.match(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:

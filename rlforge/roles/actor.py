@@ -89,23 +89,34 @@ class Actor(LogProbModel):
         self.mini_batch_size = mini_batch_size
         self.train_micro_batch_size = micro_batch_size
         self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
+        self.last_forward: dict[str, torch.Tensor] | None = None
 
-    def _loss_fn(self, temperature: float):
+    def _loss_fn(self, temperature: float, record: list[tuple[torch.Tensor, ...]] | None = None):
+        """The update's loss.  ``record`` (on-policy): each micro-batch's ``(row_index, detached
+        log-probs, detached entropy)`` is appended, and the detached log-probs are the old ones."""
         cfg = self.cfg
 
         def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
-            need_entropy = cfg.entropy_coeff != 0
+            need_entropy = cfg.entropy_coeff != 0 or record is not None
             log_z = None
             if self.with_log_z:
                 logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy,
                                                                  self.head_chunk_size)
             else:
                 logp, ent = self.log_probs_fn(module, mb, temperature, need_entropy)
+            if record is not None:
+                assert ent is not None
+                record.append((mb["row_index"], logp.detach(), ent.detach()))
+                old = logp.detach()
+                if cfg.entropy_coeff == 0:
+                    ent = None  # computed for the metric only
+            else:
+                old = mb["old_log_probs"]
             mask = mb["response_mask"].float()
             glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs)
             out = self.policy_loss(
                 PolicyLossInputs(
-                    old_log_prob=mb["old_log_probs"], log_prob=logp, advantages=mb["advantages"],
+                    old_log_prob=old, log_prob=logp, advantages=mb["advantages"],
                     response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **glob,
                     ref_log_prob=mb["ref_log_prob"] if "ref_log_prob" in mb else None,
                     token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
@@ -129,14 +140,49 @@ class Actor(LogProbModel):
 
         return loss_fn
 
-    def update(self, batch: Batch, temperature: float) -> dict[str, float]:
-        """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix)."""
-        keys = ["prompts", "input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                "old_log_probs", "advantages"]
-        keys += [k for k in ("ref_log_prob", "token_level_rewards") if k in batch]
+    def update(self, batch: Batch, temperature: float, on_policy: bool = False) -> dict[str, float]:
+        """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix).
+
+        ``on_policy``: ``batch`` has no ``old_log_probs``; it must be consumed by one optimizer
+        step (one epoch, one mini-batch), whose forward gives the old log-probs (detached, so the
+        ratio is 1 and the gradient is the policy gradient at the current policy).  That
+        forward's log-probs and entropies, ``(batch, response_len)`` float32 on CPU (0 past each
+        response), are left in :attr:`last_forward` as ``log_probs`` and ``entropys``.
+
+        Raises ValueError when ``on_policy`` and the update would take more than one step.
+        """
+        keys = ["prompts", "input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
+        keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards") if k in batch]
         uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
         data = Batch(batch.tensors.select(*keys), uid, {})
-        return run_updates(
-            self.engine, data, self._loss_fn(temperature), self.mini_batch_size, self.train_micro_batch_size,
+        record: list[tuple[torch.Tensor, ...]] | None = None
+        if on_policy:
+            if self.cfg.ppo_epochs != 1 or len(batch) > self.mini_batch_size:
+                raise ValueError(f"on-policy update of {len(batch)} rows needs one optimizer step, but ppo_epochs="
+                                 f"{self.cfg.ppo_epochs} and the mini-batch is {self.mini_batch_size} rows")
+            data["row_index"] = torch.arange(len(batch))
+            record = []
+        metrics = run_updates(
+            self.engine, data, self._loss_fn(temperature, record), self.mini_batch_size, self.train_micro_batch_size,
             self.cfg.ppo_epochs, "update_actor", self.train_max_token_len,
         )
+        if record is not None:
+            rows = _assemble_rows(record, len(batch), batch["responses"].shape[1])
+            keep = batch["response_mask"].cpu().float()
+            self.last_forward = {k: v * keep for k, v in rows.items()}
+        return metrics
+
+
+def _assemble_rows(record: list[tuple[torch.Tensor, ...]], rows: int, width: int) -> dict[str, torch.Tensor]:
+    """Micro-batch ``(row_index, log_probs, entropys)`` back into ``(rows, width)`` CPU float32 tensors in
+    row order (a micro-batch may be narrower than ``width``: its own longest response)."""
+    out = {"log_probs": torch.zeros(rows, width), "entropys": torch.zeros(rows, width)}
+    seen = torch.zeros(rows, dtype=torch.bool)
+    for idx, logp, ent in record:
+        idx = idx.cpu()
+        out["log_probs"][idx, : logp.shape[1]] = logp.float().cpu()
+        out["entropys"][idx, : ent.shape[1]] = ent.float().cpu()
+        seen[idx] = True
+    if not bool(seen.all()):
+        raise RuntimeError(f"the update's forward saw {int(seen.sum())} of {rows} rows")
+    return out

@@ -54,6 +54,7 @@ from rlforge.trainer.metrics import (
     throughput_metrics,
     tokens_per_hour,
 )
+from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.validation import validate
 
 
@@ -89,6 +90,7 @@ class PPOTrainer:
         self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+        self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
         self.global_step = 0
         self.out_dir = cfg.trainer.default_local_dir
         try:
@@ -202,6 +204,17 @@ class PPOTrainer:
             do_sample=bool(r.do_sample), max_new_tokens=int(self.cfg.data.max_response_length),
         )
 
+    def _old_log_prob_metrics(self, batch: Batch, out: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``actor/entropy`` and (with rollout log-probs) ``training/rollout_probs_diff_*`` from
+        the old policy's log-probs and entropies ``out`` (``(batch, response_len)``)."""
+        m: dict[str, float] = {}
+        if "rollout_log_probs" in batch:
+            m.update(rollout_probs_diff_metrics(batch["rollout_log_probs"], out["log_probs"], batch["response_mask"]))
+        m["actor/entropy"] = float(
+            agg_loss(out["entropys"], batch["response_mask"].float(), self.cfg.actor_rollout_ref.actor.loss_agg_mode)
+        )
+        return m
+
     def step(self) -> dict[str, float]:
         """One RL step on the next batch of prompts; returns its metrics."""
         cfg, job = self.cfg, self.job
@@ -213,15 +226,13 @@ class PPOTrainer:
             batch = self._collect(m)
             if cfg.trainer.balance_batch:
                 batch = self._balance(batch, m)
-            with timed("old_log_prob", m, tl):
-                out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
-                batch["old_log_probs"] = out["log_probs"]
-                if "rollout_log_probs" in batch:
-                    m.update(rollout_probs_diff_metrics(batch["rollout_log_probs"], out["log_probs"],
-                                                        batch["response_mask"]))
-                m["actor/entropy"] = float(
-                    agg_loss(out["entropys"], batch["response_mask"].float(), arr.actor.loss_agg_mode)
-                )
+            updates_actor = self.global_step > cfg.trainer.critic_warmup
+            on_policy = self.skip_old_log_prob and updates_actor
+            if not on_policy:
+                with timed("old_log_prob", m, tl):
+                    out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
+                    batch["old_log_probs"] = out["log_probs"]
+                    m.update(self._old_log_prob_metrics(batch, out))
             if job.ref is not None:
                 with timed("ref", m, tl):
                     batch["ref_log_prob"] = job.ref.compute_log_prob(batch, temperature)["log_probs"]
@@ -234,10 +245,14 @@ class PPOTrainer:
                 with timed("update_critic", m, tl):
                     m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
                     job.critic.engine.lr_scheduler_step()
-            if self.global_step > cfg.trainer.critic_warmup:
+            if updates_actor:
                 with timed("update_actor", m, tl):
-                    m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature).items()})
+                    m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature, on_policy).items()})
                     job.actor.engine.lr_scheduler_step()
+                    if on_policy:  # the update's forward gave the old log-probs
+                        assert job.actor.last_forward is not None
+                        batch["old_log_probs"] = job.actor.last_forward["log_probs"]
+                        m.update(self._old_log_prob_metrics(batch, job.actor.last_forward))
                     m.update(job.actor.engine.metrics())  # parallel/* placement (strategy=megatron)
                 if not np.isfinite(m["actor/pg_loss"]):
                     raise RLForgeError(
