@@ -47,9 +47,11 @@ Each framework and model runs in its own subprocess (a fresh CUDA context): rlfo
 script with ``--trl-worker``.  Output: one markdown table (stdout and ``OUT/e2e_grpo.md``) and
 ``OUT/e2e_grpo.json``; logs in ``OUT/<framework>_<model>.log``.
 
-Known differences, by design of each framework: rlforge (as verl) recomputes the old
-log-probs in a forward pass (``old_log_prob``); TRL skips it when one generation feeds exactly
-one optimizer step (the ratio is then 1 and it uses the detached current log-probs).
+One generation feeds exactly one optimizer step here (``ppo_mini_batch_size = train_batch_size``),
+so neither framework runs a separate old-log-prob forward: TRL uses the detached current
+log-probs (ratio 1), and so does rlforge by default since 2026-12-01
+(``actor.recompute_old_log_prob=null``; before, it recomputed them in an ``old_log_prob`` stage as
+verl does; ``--rlforge-extra actor_rollout_ref.actor.recompute_old_log_prob=true`` brings that back).
 """
 
 from __future__ import annotations
