@@ -225,32 +225,43 @@ def kernel_bench(bw: float) -> None:
               f"{logits.numel() * 2 / t / bw:.2f} |")
 
 
+def _positive(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"])
-    ap.add_argument("--prompts", type=int, default=1024)
-    ap.add_argument("--groups", type=int, default=128)
-    ap.add_argument("--hf-batch", type=int, nargs="*", default=[256, 512, 1024])
-    ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], help="models that also run generate")
-    ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1024])
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"], choices=sorted(PRESETS))
+    ap.add_argument("--prompts", type=_positive, default=1024)
+    ap.add_argument("--groups", type=_positive, default=128)
+    ap.add_argument("--hf-batch", type=_positive, nargs="*", default=[256, 512, 1024])
+    ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], choices=sorted(PRESETS),
+                    help="models that also run generate")
+    ap.add_argument("--max-num-seqs", type=_positive, nargs="+", default=[1024])
     ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
                     help="native variants: ATTENTION-{graph,eager}[-unfused][-unpacked] (unfused: the layers' "
                          "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
                          "separate Q/K/V and gate/up GEMMs)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
-    ap.add_argument("--big-max-num-seqs", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--big-max-num-seqs", type=_positive, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--json", default=None, help="also write the rows here")
-    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=_positive, default=512)
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
     ap.add_argument("--kernels", action="store_true", help="time the decode attention and sampling kernels and exit")
     args = ap.parse_args()
     for v in f"{args.variants},{args.big_variants}".split(","):
         parts = v.split("-")
         if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
-                or not set(parts[2:]) <= {"unfused", "unpacked"}):
+                or not set(parts[2:]) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])):
             ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked], "
                      "ATTENTION triton or torch")
+    if not torch.cuda.is_available():
+        ap.error("this benchmark needs a CUDA GPU (none is visible)")
     globals()["NEW_TOKENS"] = args.new_tokens
     if args.kernels:
         kernel_bench(measure_bandwidth())

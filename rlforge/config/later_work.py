@@ -89,6 +89,17 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.enforce_eager", lambda v: v[0] == "hf" and v[1],
               "{key}=True only applies to the native rollout's CUDA graphs; ignored by hf",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.enforce_eager)),
+    LaterWork(f"{_ARR}.rollout.response_length", lambda v: v[0] != v[1],
+              "{key}={value[0]}: responses are data.max_response_length={value[1]} tokens long in this build "
+              "(set that key instead); ignored",
+              lambda c: (c.actor_rollout_ref.rollout.response_length, c.data.max_response_length)),
+    LaterWork(f"{_ARR}.rollout.prompt_length", lambda v: v[0] != v[1],
+              "{key}={value[0]}: prompts are cut to data.max_prompt_length={value[1]} tokens in this build "
+              "(set that key instead); ignored",
+              lambda c: (c.actor_rollout_ref.rollout.prompt_length, c.data.max_prompt_length)),
+    LaterWork(f"{_ARR}.rollout.dtype", lambda v: v != "bfloat16",
+              "{key}={value}: the rollout computes in the trainer's dtype (bfloat16 autocast on a GPU, float32 on "
+              "CPU); ignored"),
     LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: bool(v), _NOT_HERE,
               lambda c: c.actor_rollout_ref.rollout.multi_turn.get("enable", False)),
     LaterWork(f"{_ARR}.hybrid_engine", lambda v: v is False, "{key}=False is not available; actor and rollout share one process"),

@@ -57,7 +57,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     f"{_ARR}.rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     f"{_ARR}.rollout.tensor_model_parallel_size": (lambda v: v >= 1, ">= 1"),
     f"{_ARR}.rollout.cudagraph_capture_sizes": (
-        lambda v: len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v),
+        lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v),
         "null (the default sizes) or a non-empty list of batch sizes >= 1"),
 }
 

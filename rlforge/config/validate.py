@@ -76,6 +76,11 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
     skips_old_log_prob(cfg)  # recompute_old_log_prob=False on a batch that is not on-policy
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if world > 1 and cfg.data.train_batch_size % world:
+        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the {world} ranks "
+                          "(trainer.nnodes x trainer.n_gpus_per_node): each rank takes an equal share of the prompts, "
+                          "and the rest would be dropped every step")
     if not _DEVICE.match(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:

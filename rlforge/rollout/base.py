@@ -16,6 +16,7 @@ actor's current weights every step (``sync_weights`` is called after each actor 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -37,6 +38,19 @@ class SamplingParams:
     top_k: int = -1
     do_sample: bool = True
     max_new_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for ``max_new_tokens`` < 1, a ``temperature`` that is not a finite
+        number >= 0, ``top_p`` outside (0, 1] or ``top_k`` < -1 (the CLI's
+        ``actor_rollout_ref.rollout.*`` range checks, for callers of the Python API)."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not (0 < self.top_p <= 1):  # also refuses NaN
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k}")
 
     @property
     def greedy(self) -> bool:

@@ -34,8 +34,9 @@ def capture_sizes(requested: list[int] | None, max_batch: int) -> list[int]:
 
 
 def weights_key(module: torch.nn.Module) -> tuple[int, ...]:
-    """Storage addresses of the module's parameters: changes when the weights are new tensors."""
-    return tuple(p.data_ptr() for p in module.parameters())
+    """Identities and storage addresses of the module's parameters: changes when the weights are
+    new tensors (or new Parameter objects over the same storage)."""
+    return tuple(x for p in module.parameters() for x in (id(p), p.data_ptr()))
 
 
 class DecodeGraphs:

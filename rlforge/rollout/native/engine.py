@@ -157,7 +157,7 @@ class NativeRollout(Rollout):
                                       self._cache_dtype())
         free, total = torch.cuda.mem_get_info(self.device)
         vocab = self.module.lm_head.weight.shape[0]
-        scratch = 2 * self.scheduler_config.max_num_seqs * vocab * 4  # logits and sampling buffers
+        scratch = 2 * min(self.scheduler_config.max_num_seqs, len(seqs)) * vocab * 4  # logits and sampling buffers
         copies = RolloutWeights.planned_bytes(self.module, self._cache_dtype(), self.pack_weights)
         held = self._runner.weights.copy_bytes() if self._runner is not None else 0  # already out of `free`
         budget = free * 0.9 - scratch - (copies - held)
@@ -187,8 +187,18 @@ class NativeRollout(Rollout):
         )
         if not reuse:
             self._sleep()
-            self._cache = KVCache.allocate(spec.num_layers, num_blocks + 1, self.block_size, spec.num_kv_heads,
-                                           spec.head_dim, self._cache_dtype(), self.device)
+            try:
+                self._cache = KVCache.allocate(spec.num_layers, num_blocks + 1, self.block_size, spec.num_kv_heads,
+                                               spec.head_dim, self._cache_dtype(), self.device)
+            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                need = (num_blocks + 1) * KVCache.bytes_per_block(spec.num_layers, self.block_size, spec.num_kv_heads,
+                                                                  spec.head_dim, self._cache_dtype())
+                raise RLForgeError(
+                    f"the KV cache for {len(seqs)} rows of up to {max(s.max_len for s in seqs)} tokens needs "
+                    f"{need / 2**30:.1f} GiB on {self.device} and could not be allocated ({str(e).splitlines()[0]}); "
+                    "lower data.max_response_length or data.train_batch_size, or actor_rollout_ref.rollout."
+                    "gpu_memory_utilization on a GPU"
+                ) from None
             self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights)
             self._runner_key = weights_key(self.module)
             if self.use_graphs:
@@ -206,9 +216,32 @@ class NativeRollout(Rollout):
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ generation
+    def _check_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Raises ValueError for an empty batch, a row without tokens, a row that is not
+        left-padded, or a token id outside the model's vocabulary (naming the row)."""
+        if ids.shape[0] == 0:
+            raise ValueError("generate got an empty batch (0 prompt rows)")
+        empty = (~mask.any(1)).nonzero()
+        if len(empty):
+            raise ValueError(f"prompt row {int(empty[0])} has no tokens (its attention_mask is all 0); every prompt "
+                             "needs at least one token")
+        holes = (mask[:, :-1] & ~mask[:, 1:]).any(1).nonzero()
+        if len(holes):
+            raise ValueError(f"prompt row {int(holes[0])} is not left-padded (its attention_mask has a 0 after a 1); "
+                             "prompts must be left-padded")
+        vocab = self.module.get_input_embeddings().weight.shape[0]
+        bad = (mask & ((ids < 0) | (ids >= vocab))).nonzero()
+        if len(bad):
+            r, c = (int(x) for x in bad[0])
+            raise ValueError(f"prompt row {r} holds token id {int(ids[r, c])} at column {c}, outside the model's "
+                             f"vocabulary of {vocab} (is the tokenizer the model's?)")
+
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """See :class:`~rlforge.rollout.base.Rollout`.  Raises ValueError for bad prompts
+        (see :meth:`_check_prompts`), RLForgeError when the KV cache cannot be allocated."""
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+        self._check_prompts(ids, mask)
         seqs = [
             Sequence(i, ids[i][mask[i]].tolist(), params.max_new_tokens) for i in range(len(prompts))
         ]

@@ -21,8 +21,10 @@ from rlforge.errors import RLForgeError
 from rlforge.rollout.base import SamplingParams
 
 NON_FINITE = (
-    "the policy produced non-finite probabilities: its weights diverged. Lower "
-    "actor_rollout_ref.actor.optim.lr or grad_clip, or check the reward scale"
+    "the policy produced non-finite logits: its weights hold NaN/inf (a diverged run: lower "
+    "actor_rollout_ref.actor.optim.lr or grad_clip, or check the reward scale; before any update: the "
+    "checkpoint at actor_rollout_ref.model.path), or actor_rollout_ref.rollout.temperature is so small that "
+    "logits / temperature overflow (use 0 for greedy)"
 )
 
 
