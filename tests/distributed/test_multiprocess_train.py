@@ -71,3 +71,20 @@ def test_dynamic_sampling_limit_is_decided_by_all_ranks(tmp_path):
     # every rank that got this far says so; the launcher may stop the slower rank first
     assert 1 <= res.stderr.count("max_num_gen_batches=2 generation batches") <= 2
     assert "Traceback" not in res.stderr
+
+
+def test_two_process_on_policy_skip_matches_the_recomputed_old_log_probs(tmp_path):
+    """FSDP2 on two ranks: ``old_log_prob`` taken from the update's forward (the default here:
+    ppo_mini_batch_size = train_batch_size) gives the first step's entropy and loss of the run
+    that recomputes it in a separate forward (same seed, same samples, same weights)."""
+    rows = {}
+    for name, choice in (("skip", "null"), ("recompute", "true")):
+        out = tmp_path / name
+        res = rlforge("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+                      "trainer.total_training_steps=1", f"actor_rollout_ref.actor.recompute_old_log_prob={choice}",
+                      f"trainer.default_local_dir={out}")
+        assert res.returncode == 0, res.stderr[-3000:]
+        rows[name] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert "timing_s/old_log_prob" not in rows["skip"] and "timing_s/old_log_prob" in rows["recompute"]
+    for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm"):
+        assert rows["skip"][key] == pytest.approx(rows["recompute"][key], rel=1e-4, abs=1e-6), key
