@@ -40,3 +40,47 @@ def user_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
     for f in fragments:
         assert f in errors[0], (f, errors[0])
     return errors[0]
+
+
+def text_prompts(tok, texts: list[str]) -> Batch:
+    """``texts`` tokenized with ``tok`` (no special tokens), left-padded with its pad id, with
+    ``attention_mask`` and ``position_ids``: a prompt batch as the trainer hands to a rollout."""
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, x in enumerate(ids):
+        input_ids[i, width - len(x):] = torch.tensor(x)
+        mask[i, width - len(x):] = 1
+    return Batch.from_dict({"input_ids": input_ids, "attention_mask": mask,
+                            "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+
+
+class GradCapture(torch.optim.Optimizer):
+    """An 'optimizer' whose step records the gradient (flattened, in parameter order) and
+    leaves the parameters alone, so that one model serves every case."""
+
+    def __init__(self, params):
+        super().__init__(list(params), {"lr": 0.0})
+        self.grads: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        self.grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in ps]).clone()
+
+
+# CPU training runs on ``preset:tiny`` through ``rlforge.cli.main`` (tests/trainer):
+SMALL = [
+    "actor_rollout_ref.model.path=preset:tiny",
+    "trainer.device=cpu",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "data.max_response_length=8",
+    "data.val_batch_size=8",
+    "data.builtin.val_size=8",
+    "data.builtin.train_size=64",
+]
+FAST = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[file]"]

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import GradCapture
 
 from rlforge.batch import Batch
 from rlforge.config import ActorConfig, OptimConfig
@@ -19,20 +20,6 @@ from rlforge.rollout.base import assemble
 
 EOS = 2
 TEMPERATURE = 0.9
-
-
-class GradCapture(torch.optim.Optimizer):
-    """An 'optimizer' whose step records the gradient (flattened, in parameter order) and
-    leaves the parameters alone, so that one model serves every case."""
-
-    def __init__(self, params):
-        super().__init__(list(params), {"lr": 0.0})
-        self.grads: torch.Tensor | None = None
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        ps = [p for g in self.param_groups for p in g["params"]]
-        self.grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in ps]).clone()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import text_prompts
 
 from rlforge.batch import Batch
 from rlforge.models import load_causal_lm
@@ -32,16 +33,8 @@ def model(tiny_tokenizer):
 
 
 def _batch(tok, texts: list[str]) -> Batch:
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, x in enumerate(ids):
-        input_ids[i, width - len(x):] = torch.tensor(x)
-        mask[i, width - len(x):] = 1
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
-    return Batch.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
-                           {"tag": [str(i) for i in range(len(ids))]})
+    b = text_prompts(tok, texts)
+    return Batch.from_dict({k: b[k] for k in b.tensors.keys()}, {"tag": [str(i) for i in range(len(texts))]})
 
 
 def _eos_ids(model, tok, batch) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import text_prompts
 
 from rlforge.batch import Batch
 from rlforge.models import load_causal_lm
@@ -27,15 +28,7 @@ def model(tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def batch(tiny_tokenizer) -> Batch:
-    ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), tiny_tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, x in enumerate(ids):
-        input_ids[i, width - len(x):] = torch.tensor(x)
-        mask[i, width - len(x):] = 1
-    return Batch.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                            "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+    return text_prompts(tiny_tokenizer, TEXTS)
 
 
 def _native(model, tok, **kw) -> NativeRollout:

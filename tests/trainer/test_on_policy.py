@@ -12,17 +12,33 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAST, SMALL, GradCapture, left_padded_batch
 
 from rlforge.cli import main
 from rlforge.config import ActorConfig
 from rlforge.engine import LocalEngine
 from rlforge.errors import ConfigError
+from rlforge.models import load_causal_lm
 from rlforge.roles.actor import Actor
-from tests.engine.test_engine_microbatch import TEMPERATURE, GradCapture, batch, model  # noqa: F401
-from tests.trainer.test_trainer_run import FAST, SMALL
+
+TEMPERATURE = 0.9
 
 
-def _actor(model, n: int, micro: int, entropy_coeff: float = 0.0, token_budget: int | None = None):  # noqa: F811
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer):
+    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=3)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_tokenizer):
+    """6 rows, prompts of 2..7 tokens, responses of 1..8 valid tokens, random advantages."""
+    b = left_padded_batch(tiny_tokenizer.pad_token_id, 2, [2, 7, 4, 5, 3, 6], [0, 7, 3, None, 5, 1], 8)
+    g = torch.Generator().manual_seed(1)
+    b["advantages"] = torch.randn(b["responses"].shape, generator=g) * b["response_mask"].float()
+    return b
+
+
+def _actor(model, n: int, micro: int, entropy_coeff: float = 0.0, token_budget: int | None = None):
     cfg = ActorConfig()
     cfg.grad_clip = 0.0
     cfg.entropy_coeff = entropy_coeff
@@ -33,12 +49,11 @@ def _actor(model, n: int, micro: int, entropy_coeff: float = 0.0, token_budget: 
 
 
 @pytest.mark.parametrize(("micro", "budget"), [(6, None), (2, None), (6, 24)], ids=["one-micro", "micro-2", "dynamic"])
-def test_on_policy_update_equals_the_two_forward_update(model, batch, micro, budget):  # noqa: F811
+def test_on_policy_update_equals_the_two_forward_update(model, batch, micro, budget):
     """Same gradient as old_log_probs from a separate compute_log_prob forward; the recorded
     log-probs and entropies equal that forward's, row by row in the batch's order."""
     b = copy.copy(batch)
     b.tensors = batch.tensors.clone()
-    del b.tensors["old_log_probs"]
     actor, opt = _actor(model, len(b), micro, token_budget=budget)
     ref = actor.compute_log_prob(b, TEMPERATURE, with_entropy=True)
     two = b.tensors.clone()
@@ -57,11 +72,10 @@ def test_on_policy_update_equals_the_two_forward_update(model, batch, micro, bud
     assert m["ppo_kl"] == 0.0 and m["pg_clipfrac"] == 0.0  # ratio exactly 1
 
 
-def test_on_policy_gradient_is_the_plain_policy_gradient(model, batch):  # noqa: F811
+def test_on_policy_gradient_is_the_plain_policy_gradient(model, batch):
     """Ratio 1 with a detached old: d/dθ of token-mean(-A · exp(logp - sg(logp))) = token-mean(-A · ∇logp)."""
     b = copy.copy(batch)
     b.tensors = batch.tensors.clone()
-    del b.tensors["old_log_probs"]
     actor, opt = _actor(model, len(b), 3)
     actor.update(b, TEMPERATURE, on_policy=True)
     model.zero_grad(set_to_none=True)
@@ -77,7 +91,7 @@ def test_on_policy_gradient_is_the_plain_policy_gradient(model, batch):  # noqa:
     assert float((opt.grads - want).norm() / want.norm()) < 1e-5
 
 
-def test_on_policy_update_refuses_more_than_one_step(model, batch):  # noqa: F811
+def test_on_policy_update_refuses_more_than_one_step(model, batch):
     actor, _ = _actor(model, 3, 3)
     with pytest.raises(ValueError, match="one optimizer step"):
         actor.update(batch, TEMPERATURE, on_policy=True)

@@ -6,22 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import FAST, SMALL
 
 from rlforge.cli import main
-
-SMALL = [
-    "actor_rollout_ref.model.path=preset:tiny",
-    "trainer.device=cpu",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "data.max_response_length=8",
-    "data.val_batch_size=8",
-    "data.builtin.val_size=8",
-    "data.builtin.train_size=64",
-]
-FAST = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[file]"]
 
 
 def run(tmp: Path, *extra: str) -> list[dict]:
