@@ -11,18 +11,12 @@ import torch
 from rlforge.batch import Batch
 from rlforge.config import load_config, validate_config
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.models import load_causal_lm
 from rlforge.rollout import SamplingParams
 from rlforge.rollout.native import NativeRollout
 from rlforge.rollout.native.kv_cache import KVCache
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=5)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).eval()
 
 
 def _batch(ids: list[list[int]], mask: list[list[int]]) -> Batch:

@@ -27,11 +27,6 @@ GREEDY = SamplingParams(do_sample=False, max_new_tokens=MAX_NEW)
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).eval()
-
-
 def _batch(tok, texts: list[str]) -> Batch:
     b = text_prompts(tok, texts)
     return Batch.from_dict({k: b[k] for k in b.tensors.keys()}, {"tag": [str(i) for i in range(len(texts))]})

@@ -11,11 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import text_prompts
 
-from rlforge.batch import Batch
 from rlforge.errors import ConfigError
-from rlforge.models import load_causal_lm
 from rlforge.roles.forward import response_log_probs
 from rlforge.rollout import SamplingParams
 from rlforge.rollout.native import NativeRollout
@@ -28,16 +25,6 @@ from rlforge.rollout.native.attention import (
 
 CPU = torch.device("cpu")
 TEXTS = ["What is 2 + 3?", "Compute the sum of seven and eleven, then subtract four from it please.", "Hi"]
-
-
-@pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(tiny_tokenizer) -> Batch:
-    return text_prompts(tiny_tokenizer, TEXTS)
 
 
 def _native(model, tok, **kw) -> NativeRollout:

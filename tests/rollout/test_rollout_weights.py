@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import text_prompts
 
-from rlforge.batch import Batch
-from rlforge.models import load_causal_lm
 from rlforge.roles.forward import response_log_probs
 from rlforge.rollout import SamplingParams
 from rlforge.rollout.native import NativeRollout
@@ -19,16 +16,6 @@ from rlforge.rollout.native.rollout_weights import RolloutWeights
 CPU = torch.device("cpu")
 TEXTS = ["What is 2 + 3?", "Compute the sum of seven and eleven, then subtract four from it please.", "Hi"]
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=12)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(tiny_tokenizer) -> Batch:
-    return text_prompts(tiny_tokenizer, TEXTS)
 
 
 def _native(model, tok, **kw) -> NativeRollout:
