@@ -1,7 +1,7 @@
 """The one table of keys that are accepted (verl compatibility) but not effective in this build.
 
-This build trains and generates in one process with the ``hf`` rollout.  A verl command line
-may set vLLM, Megatron, FSDP-sharding or multi-node keys; they are accepted and reported here
+This build trains and generates in one process (rlforge's ``native`` rollout or ``hf``).  A verl
+command line may set vLLM, Megatron, FSDP-sharding or multi-node keys; they are accepted and reported here
 with one warning line each, only when set to a value that would matter.  When a feature lands,
 delete its row.
 """
@@ -76,9 +76,10 @@ _ARR = "actor_rollout_ref"
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
               "{key}={value} is not available in this build; running rlforge's native engine instead "
-              "(hf where tensor_model_parallel_size > 1 or the model is not Llama/Qwen-family)"),
+              "(hf where the model is not Llama/Qwen-family)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,
-              "{key}={value[1]}: tensor-parallel rollout is not available in this build; using 1",
+              "{key}={value[1]}: tensor-parallel rollout is not available in this build; using 1 (one model copy "
+              "per GPU)",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size)),
     LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] == "hf" and v[1] != 0.5,
               "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",
@@ -100,6 +101,12 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.dtype", lambda v: v != "bfloat16",
               "{key}={value}: the rollout computes in the trainer's dtype (bfloat16 autocast on a GPU, float32 on "
               "CPU); ignored"),
+    LaterWork(f"{_ARR}.rollout.enable_chunked_prefill", lambda v: v is False,
+              "{key}=False: the native engine always prefills in chunks of rollout.max_num_batched_tokens; ignored"),
+    LaterWork(f"{_ARR}.rollout.over_sample_rate", lambda v: v != 0, _NOT_HERE),
+    LaterWork(f"{_ARR}.rollout.multi_stage_wake_up", lambda v: v is True,
+              "{key}=True: the native engine wakes in one stage (KV cache and graphs), timed as rollout/wake_s; "
+              "ignored"),
     LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: bool(v), _NOT_HERE,
               lambda c: c.actor_rollout_ref.rollout.multi_turn.get("enable", False)),
     LaterWork(f"{_ARR}.hybrid_engine", lambda v: v is False, "{key}=False is not available; actor and rollout share one process"),

@@ -1,7 +1,8 @@
 """``actor_rollout_ref.rollout.*``: generation settings (verl key names and defaults).
 
-This build generates with the ``hf`` backend in one process; vLLM/SGLang keys are accepted so
-verl command lines run unchanged, and :mod:`rlforge.config.later_work` warns when they would matter.
+This build generates in the training process with rlforge's ``native`` engine (or transformers'
+``generate``, ``hf``); vLLM/SGLang keys are accepted so verl command lines run unchanged, and
+:mod:`rlforge.config.later_work` warns when one would matter.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class RolloutConfig:
     """Generation of responses during training."""
 
     name: str = "vllm"
-    """Backend: ``hf`` (available here) | ``vllm`` | ``sglang`` (accepted, replaced by ``hf`` with a warning)."""
+    """Backend: ``native`` (rlforge's paged-KV engine) | ``hf`` (transformers ``generate``) | ``vllm`` |
+    ``sglang`` (accepted: run as ``native`` for Llama/Qwen-family models, else ``hf``, with a warning)."""
     mode: str = "async"
-    """``sync`` | ``async`` server mode of the backend (no effect with ``hf``)."""
+    """``sync`` | ``async`` server mode of verl's backends (no effect here: the rollout runs in the training process)."""
     temperature: float = 1.0
     """Softmax temperature for training rollouts."""
     top_k: int = -1
@@ -84,7 +86,8 @@ class RolloutConfig:
     disable_log_stats: bool = True
     """Silence the backend's periodic statistics."""
     enable_prefix_caching: bool = True
-    """``native`` rollout: the n samples of one prompt share the prompt's KV blocks (prefilled once)."""
+    """``native`` rollout: sequences share the KV blocks of identical full prompt blocks (the n samples
+    of one prompt, and prompts opening with the same chat template text), prefilled once."""
     enable_chunked_prefill: bool = True
     """Chunked prefill in the backend."""
     do_sample: bool = True

@@ -2,7 +2,7 @@
 
 The rollout holds a reference to the actor's ``nn.Module``, so every step samples from
 the current weights with nothing to copy.  It is the reference backend: simple and
-exact, not fast (the native engine of a later issue replaces it for speed).
+exact, not fast (``rollout.name=native``, rlforge's own engine, is the fast one).
 """
 
 from __future__ import annotations

@@ -61,14 +61,15 @@ def _check_context_length(cfg: Any, module: torch.nn.Module) -> None:
 
 
 def rollout_name(cfg: Any, module: torch.nn.Module) -> str:
-    """``rollout.name``; verl's ``vllm``/``sglang`` run as ``native`` where it can run them
-    (one rollout GPU per model copy, a Llama/Qwen-family model), otherwise as ``hf``."""
+    """``rollout.name``; verl's ``vllm``/``sglang`` run as ``native`` where the model is one the
+    native runner reproduces (Llama/Qwen family), with one model copy per GPU whatever
+    ``tensor_model_parallel_size`` says (a warning says so), otherwise as ``hf``."""
     from rlforge.rollout.native.model_runner import unsupported_reason
 
     r = cfg.actor_rollout_ref.rollout
     if r.name in ROLLOUTS:
         return r.name
-    return "native" if int(r.tensor_model_parallel_size) == 1 and unsupported_reason(module) is None else "hf"
+    return "native" if unsupported_reason(module) is None else "hf"
 
 
 def per_step_sizes(cfg: Any, world_size: int = 1) -> dict[str, int]:

@@ -158,9 +158,10 @@ def test_tensor_parallel_rollout_is_a_clear_error(model, tiny_tokenizer):
         NativeRollout.from_config(model, [0], 0, CPU, None, cfg)
 
 
-def test_verl_backend_names_run_as_native_where_it_applies(model):
-    """``vllm``/``sglang`` map to ``native`` for a Llama/Qwen model with one rollout GPU, else to
-    ``hf``; ``native`` on a model it cannot run is a clear error, not a crash mid-rollout."""
+def test_verl_backend_names_run_as_native_where_it_applies(model, tiny_tokenizer, batch):
+    """``vllm``/``sglang`` map to ``native`` for a Llama/Qwen model (verl's default
+    ``tensor_model_parallel_size=2`` runs with one model copy per GPU), else to ``hf``; ``native``
+    on a model it cannot run is a clear error, not a crash mid-rollout."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rlforge.config import load_config
@@ -168,10 +169,16 @@ def test_verl_backend_names_run_as_native_where_it_applies(model):
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     for name, tp, module, want in [("vllm", 1, model, "native"), ("sglang", 1, model, "native"),
-                                   ("vllm", 2, model, "hf"), ("vllm", 1, gpt2, "hf"), ("hf", 1, model, "hf")]:
+                                   ("vllm", 2, model, "native"), ("vllm", 1, gpt2, "hf"), ("hf", 1, model, "hf")]:
         cfg = load_config([f"actor_rollout_ref.rollout.name={name}",
                            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
         assert rollout_name(cfg, module) == want, (name, tp, want)
+    verl_default = load_config(["actor_rollout_ref.rollout.name=vllm"]).actor_rollout_ref.rollout
+    assert verl_default.tensor_model_parallel_size == 2
+    eng = NativeRollout.from_config(model, [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id, CPU, None,
+                                    verl_default)
+    out = eng.generate(batch, SamplingParams(do_sample=False, max_new_tokens=4))
+    assert out["responses"].shape == (len(batch), 4)
     with pytest.raises(ConfigError, match="model_type 'gpt2'.*rollout.name=hf"):
         NativeRollout.from_config(gpt2, [0], 0, CPU, None, SimpleNamespace(tensor_model_parallel_size=1))
 

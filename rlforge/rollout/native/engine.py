@@ -12,7 +12,10 @@ before generation; "sleep" frees both afterwards so training gets the memory bac
 ``free_cache_engine=False`` they are kept between calls and rebuilt only when the cache must
 grow or the weights are new tensors.  ``rollout/wake_s`` and ``rollout/sleep_s`` time both.
 
-Weights are read from the actor's module in place at every step: nothing is copied.
+Weights are read from the actor's module: each generation first refreshes the runner's
+packed Q/K/V and gate/up matrices and, when the module's dtype is not the compute dtype, its
+cast copies (:mod:`.rollout_weights`; packing is on by default on CUDA); every other weight is
+the module's own tensor, read in place.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class NativeRollout(Rollout):
         block_size: int = 16,
         num_blocks: int | None = None,
         gpu_memory_utilization: float | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int = 1024,
         max_num_batched_tokens: int = 8192,
         enable_prefix_caching: bool = True,
         seed: int | None = None,
@@ -402,7 +405,9 @@ class NativeRollout(Rollout):
         why = unsupported_reason(module)
         if why is not None:
             raise ConfigError(f"actor_rollout_ref.rollout.name=native: {why}. Use actor_rollout_ref.rollout.name=hf")
-        if int(rollout_cfg.tensor_model_parallel_size) > 1:
+        if int(rollout_cfg.tensor_model_parallel_size) > 1 and getattr(rollout_cfg, "name", "native") == "native":
+            # verl's vllm/sglang names reach here too, with verl's default size 2: they run with 1
+            # (rlforge.config.later_work warns); an explicit name=native with a size > 1 stops
             raise ConfigError(
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_cfg.tensor_model_parallel_size}: "
                 "the native rollout runs one full model copy per GPU (data parallel); tensor-parallel rollout "

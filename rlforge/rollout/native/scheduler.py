@@ -63,7 +63,8 @@ class Scheduler:
             raise RLForgeError(
                 f"one sequence needs {need} KV blocks (prompt {len(seq.prompt_ids)} + "
                 f"{seq.max_new_tokens} new tokens) but the cache has {self.block_manager.num_blocks}: "
-                "raise the rollout num_blocks / memory fraction or lower data.max_response_length"
+                "raise actor_rollout_ref.rollout.gpu_memory_utilization (or NativeRollout's num_blocks) or lower "
+                "data.max_response_length"
             )
         self.waiting.append(seq)
 
