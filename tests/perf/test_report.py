@@ -165,7 +165,8 @@ def test_report_of_a_tiny_profiled_run(tmp_path: Path, capsys):
                f"trainer.default_local_dir={run}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
                "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                "data.max_response_length=4", "data.val_batch_size=4", "data.builtin.val_size=4",
-               "data.builtin.train_size=16", "trainer.test_freq=1"])
+               "data.builtin.train_size=16", "trainer.test_freq=1",
+               "actor_rollout_ref.actor.recompute_old_log_prob=true"])  # on-policy batch: keep the stage
     assert rc == 0
     assert main(["perf", "report", str(run)]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

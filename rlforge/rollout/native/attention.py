@@ -136,23 +136,25 @@ def build_prefill_batch(
     """``chunks``: ``(query_start, query_len, context_len, block_table)`` per sequence, where
     the chunk's tokens are the last ``query_len`` of the ``context_len`` cached ones."""
     bp = len(chunks)
-    n_max = max(c[1] for c in chunks)
-    ctx_max = max(c[2] for c in chunks)
-    q_rows = np.zeros((bp, n_max), dtype=np.int64)
-    q_pos = np.full((bp, n_max), -1, dtype=np.int64)
-    slots = np.zeros((bp, ctx_max), dtype=np.int64)
-    ctx_len = np.zeros((bp, 1), dtype=np.int64)
-    for i, (start, n, ctx, bt) in enumerate(chunks):
-        q_rows[i, :n] = np.arange(start, start + n)
-        q_pos[i, :n] = np.arange(ctx - n, ctx)
-        pos = np.arange(ctx)
-        slots[i, :ctx] = np.asarray(bt, dtype=np.int64)[pos // block_size] * block_size + pos % block_size
-        ctx_len[i] = ctx
-    kv_pos = np.arange(ctx_max)[None, None, :]
-    mask = (kv_pos <= q_pos[:, :, None]) & (kv_pos < ctx_len[:, :, None])
+    starts, ns, ctxs = (np.fromiter((c[k] for c in chunks), dtype=np.int64, count=bp) for k in range(3))
+    n_max, ctx_max = int(ns.max()), int(ctxs.max())
+    width = max(len(c[3]) for c in chunks)
+    tables = np.zeros((bp, width), dtype=np.int64)
+    for i, c in enumerate(chunks):
+        tables[i, : len(c[3])] = c[3]
+    j = np.arange(n_max)
+    in_chunk = j[None, :] < ns[:, None]
+    q_rows = np.where(in_chunk, starts[:, None] + j, 0)
+    q_pos = np.where(in_chunk, (ctxs - ns)[:, None] + j, -1)
+    pos = np.arange(ctx_max)
+    in_ctx = pos[None, :] < ctxs[:, None]
+    slots = np.where(in_ctx, tables[:, np.minimum(pos // block_size, width - 1)] * block_size + pos % block_size, 0)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
     out_index = np.flatnonzero(q_pos.reshape(-1) >= 0)
-    return PrefillBatch(t(q_rows), t(out_index), t(q_rows.reshape(-1)[out_index]), t(slots), t(mask[:, None]))
+    # the [Bp, n_max, ctx_max] mask is built where it is used (megabytes the host need not fill and copy)
+    kv_pos = torch.arange(ctx_max, device=device)[None, None, :]
+    mask = (kv_pos <= t(q_pos)[:, :, None]) & (kv_pos < t(ctxs)[:, None, None])
+    return PrefillBatch(t(q_rows), t(out_index), t(q_rows.reshape(-1)[out_index]), t(slots), mask[:, None])
 
 
 def batched_prefill_attention(
