@@ -52,23 +52,37 @@ class Slot:
         return [p.weight.shape[0] for p in self.parts]
 
 
-def _slot(parts: list[nn.Module], dtype: torch.dtype, pack: bool) -> list[Slot]:
-    """The slots for ``parts`` (linears reading the same input): one packed copy when ``pack``
-    and there are several, else one per linear, copied only when its dtype is not ``dtype``."""
+def _plan(parts: list[nn.Module], dtype: torch.dtype, pack: bool) -> list[tuple[list[nn.Module], bool]]:
+    """``(linears, copied)`` per slot for ``parts`` (linears reading the same input): one packed
+    copy when ``pack`` and there are several, else one slot per linear, copied only when its
+    dtype is not ``dtype``."""
     if pack and len(parts) > 1:
-        w0 = parts[0].weight
-        rows = sum(p.weight.shape[0] for p in parts)
-        weight = torch.empty((rows, w0.shape[1]), dtype=dtype, device=w0.device)
-        bias = torch.zeros(rows, dtype=dtype, device=w0.device) if any(p.bias is not None for p in parts) else None
-        return [Slot(parts, True, weight, bias)]
+        return [(parts, True)]
+    return [([p], p.weight.dtype != dtype) for p in parts]
+
+
+def _slots(parts: list[nn.Module], dtype: torch.dtype, pack: bool) -> list[Slot]:
+    """The slots of :func:`_plan`, copies allocated (filled by :meth:`RolloutWeights.refresh`)."""
     out = []
-    for p in parts:
-        if p.weight.dtype == dtype:
-            out.append(Slot([p], False, p.weight, p.bias))
-        else:
-            bias = None if p.bias is None else torch.empty(p.bias.shape, dtype=dtype, device=p.bias.device)
-            out.append(Slot([p], True, torch.empty(p.weight.shape, dtype=dtype, device=p.weight.device), bias))
+    for group, copied in _plan(parts, dtype, pack):
+        w0 = group[0].weight
+        if not copied:
+            out.append(Slot(group, False, w0, group[0].bias))
+            continue
+        rows = sum(p.weight.shape[0] for p in group)
+        has_bias = any(p.bias is not None for p in group)
+        out.append(Slot(group, True, torch.empty((rows, w0.shape[1]), dtype=dtype, device=w0.device),
+                        torch.zeros(rows, dtype=dtype, device=w0.device) if has_bias else None))
     return out
+
+
+def _groups(module: nn.Module) -> list[list[nn.Module]]:
+    """Per layer ``[q, k, v]``, ``[o]``, ``[gate, up]``, ``[down]``, then ``[lm_head]``."""
+    out = []
+    for layer in module.model.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        out += [[att.q_proj, att.k_proj, att.v_proj], [att.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+    return [*out, [module.lm_head]]
 
 
 @dataclass
@@ -94,17 +108,13 @@ class RolloutWeights:
 
     def __init__(self, module: nn.Module, dtype: torch.dtype, pack: bool) -> None:
         self.module, self.dtype, self.pack = module, dtype, pack
-        self.layers: list[LayerWeights] = []
-        for layer in module.model.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            self.layers.append(LayerWeights(
-                _slot([att.q_proj, att.k_proj, att.v_proj], dtype, pack), _slot([att.o_proj], dtype, pack)[0],
-                _slot([mlp.gate_proj, mlp.up_proj], dtype, pack), _slot([mlp.down_proj], dtype, pack)[0],
-            ))
-        self.lm_head = _slot([module.lm_head], dtype, pack)[0]
+        groups = [_slots(g, dtype, pack) for g in _groups(module)]
+        self.layers = [LayerWeights(groups[i], groups[i + 1][0], groups[i + 2], groups[i + 3][0])
+                       for i in range(0, len(groups) - 1, 4)]
+        self.lm_head = groups[-1][0]
         self.refresh()
 
-    def _slots(self) -> list[Slot]:
+    def _all_slots(self) -> list[Slot]:
         out = [self.lm_head]
         for lw in self.layers:
             out += [*lw.qkv, lw.o, *lw.gate_up, lw.down]
@@ -115,7 +125,7 @@ class RolloutWeights:
         """Copy the module's current weights into the copies (in place; the module's own
         tensors need nothing).  Raises RuntimeError when a module weight is no longer the
         tensor a reference slot holds (the caller must build new weights: new tensors)."""
-        for s in self._slots():
+        for s in self._all_slots():
             if not s.copy:
                 if s.weight is not s.parts[0].weight:
                     raise RuntimeError("the module's weights are new tensors; build new RolloutWeights")
@@ -130,29 +140,16 @@ class RolloutWeights:
 
     def copy_bytes(self) -> int:
         """Bytes held by the copies (beyond the module's own weights)."""
-        return sum(s.weight.nbytes + (0 if s.bias is None else s.bias.nbytes) for s in self._slots() if s.copy)
+        return sum(s.weight.nbytes + (0 if s.bias is None else s.bias.nbytes) for s in self._all_slots() if s.copy)
 
     @staticmethod
     def planned_bytes(module: nn.Module, dtype: torch.dtype, pack: bool) -> int:
         """:meth:`copy_bytes` of ``RolloutWeights(module, dtype, pack)``, without allocating."""
         size = torch.empty((), dtype=dtype).element_size()
         total = 0
-
-        def add(parts: list[nn.Module]) -> None:
-            nonlocal total
-            if (pack and len(parts) > 1) or any(p.weight.dtype != dtype for p in parts):
-                bias = any(p.bias is not None for p in parts)
-                total += sum(p.weight.numel() + (p.weight.shape[0] if bias else 0) for p in parts) * size
-
-        for layer in module.model.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            if pack:
-                add([att.q_proj, att.k_proj, att.v_proj])
-                add([mlp.gate_proj, mlp.up_proj])
-            else:
-                for p in (att.q_proj, att.k_proj, att.v_proj, mlp.gate_proj, mlp.up_proj):
-                    add([p])
-            add([att.o_proj])
-            add([mlp.down_proj])
-        add([module.lm_head])
+        for g in _groups(module):
+            for group, copied in _plan(g, dtype, pack):
+                if copied:
+                    bias = any(p.bias is not None for p in group)
+                    total += sum(p.weight.numel() + (p.weight.shape[0] if bias else 0) for p in group) * size
         return total
