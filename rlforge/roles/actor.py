@@ -175,13 +175,13 @@ class Actor(LogProbModel):
 
 def _assemble_rows(record: list[tuple[torch.Tensor, ...]], rows: int, width: int) -> dict[str, torch.Tensor]:
     """Micro-batch ``(row_index, log_probs, entropys)`` back into ``(rows, width)`` CPU float32 tensors in
-    row order (a micro-batch may be narrower than ``width``: its own longest response)."""
+    row order (a micro-batch may be narrower than ``width``, cut to its own longest response, or wider)."""
     out = {"log_probs": torch.zeros(rows, width), "entropys": torch.zeros(rows, width)}
     seen = torch.zeros(rows, dtype=torch.bool)
     for idx, logp, ent in record:
-        idx = idx.cpu()
-        out["log_probs"][idx, : logp.shape[1]] = logp.float().cpu()
-        out["entropys"][idx, : ent.shape[1]] = ent.float().cpu()
+        idx, w = idx.cpu(), min(logp.shape[1], width)  # a wider micro-batch carries only padding past `width`
+        out["log_probs"][idx, :w] = logp[:, :w].float().cpu()
+        out["entropys"][idx, :w] = ent[:, :w].float().cpu()
         seen[idx] = True
     if not bool(seen.all()):
         raise RuntimeError(f"the update's forward saw {int(seen.sum())} of {rows} rows")
