@@ -35,25 +35,30 @@ def cuda_us(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters * 1000
 
 
+def layer_times(hidden: int, nq: int, nkv: int, inter: int, m: int) -> tuple[float, float, float, float]:
+    """µs of (Q/K/V separate, QKV packed, gate/up separate, gate+up packed) for ``m`` rows."""
+    dev, bf = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(m, hidden, device=dev, dtype=bf)
+    wq, wk, wv = (torch.randn(n, hidden, device=dev, dtype=bf) * 0.02 for n in (nq, nkv, nkv))
+    bq, bk, bv = (torch.randn(n, device=dev, dtype=bf) for n in (nq, nkv, nkv))
+    wqkv, bqkv = torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv])
+    wg, wu = (torch.randn(inter, hidden, device=dev, dtype=bf) * 0.02 for _ in range(2))
+    wgu = torch.cat([wg, wu])
+    return (cuda_us(lambda: (F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv))),
+            cuda_us(lambda: F.linear(x, wqkv, bqkv)),
+            cuda_us(lambda: (F.linear(x, wg), F.linear(x, wu))),
+            cuda_us(lambda: F.linear(x, wgu)))
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("packed_gemm.py: this benchmark needs a CUDA GPU")
-    dev, bf = torch.device("cuda"), torch.bfloat16
     print("| shape | M rows | Q,K,V separate µs | QKV packed µs | gate, up separate µs | gate+up packed µs | "
           "saving per step, all layers ms |")
     print("|---|---|---|---|---|---|---|")
     for name, (hidden, nq, nkv, inter, layers) in SHAPES.items():
         for m in (128, 256, 512, 1024, 8192):
-            x = torch.randn(m, hidden, device=dev, dtype=bf)
-            wq, wk, wv = (torch.randn(n, hidden, device=dev, dtype=bf) * 0.02 for n in (nq, nkv, nkv))
-            bq, bk, bv = (torch.randn(n, device=dev, dtype=bf) for n in (nq, nkv, nkv))
-            wqkv, bqkv = torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv])
-            wg, wu = (torch.randn(inter, hidden, device=dev, dtype=bf) * 0.02 for _ in range(2))
-            wgu = torch.cat([wg, wu])
-            qkv_sep = cuda_us(lambda: (F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)))
-            qkv_pack = cuda_us(lambda: F.linear(x, wqkv, bqkv))
-            gu_sep = cuda_us(lambda: (F.linear(x, wg), F.linear(x, wu)))
-            gu_pack = cuda_us(lambda: F.linear(x, wgu))
+            qkv_sep, qkv_pack, gu_sep, gu_pack = layer_times(hidden, nq, nkv, inter, m)
             saving = layers * ((qkv_sep - qkv_pack) + (gu_sep - gu_pack)) / 1000
             print(f"| {name} | {m} | {qkv_sep:.1f} | {qkv_pack:.1f} | {gu_sep:.1f} | {gu_pack:.1f} | {saving:.2f} |",
                   flush=True)
