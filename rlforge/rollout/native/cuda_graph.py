@@ -10,7 +10,7 @@ cache entries.  The logits land in one shared ``[max_size, V]`` buffer in the co
 
 The graphs record the addresses of the module's weights and of the KV cache: weights
 updated in place (the optimizer's step, ``engine.sync_to``) are seen at the next replay;
-a new cache or new weight tensors need a new capture (:attr:`key`).
+a new cache or new weight tensors need a new capture (the engine compares :func:`weights_key`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class DecodeGraphs:
             torch.zeros((n, max_blocks), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.key = (runner.cache.data.data_ptr(), weights_key(runner.module), max_blocks, tuple(sizes))
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up: Triton compile, cuBLAS workspaces; learns the logits dtype

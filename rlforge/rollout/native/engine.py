@@ -181,11 +181,11 @@ class NativeRollout(Rollout):
         num_blocks = self._num_blocks(seqs, spec)
         max_blocks = max(-(-s.max_len // self.block_size) for s in seqs)
         batch = min(self.scheduler_config.max_num_seqs, len(seqs))
+        key = weights_key(self.module)  # the runner and its graphs are built together from these weights
         reuse = (
             self._cache is not None and self._runner is not None and self._cache.num_blocks >= num_blocks + 1
-            and self._runner_key == weights_key(self.module)
-            and (self._graphs is None or (self._graphs.max_blocks >= max_blocks and self._graphs.sizes[-1] >= batch
-                                          and self._graphs.key[1] == weights_key(self.module)))
+            and self._runner_key == key
+            and (self._graphs is None or (self._graphs.max_blocks >= max_blocks and self._graphs.sizes[-1] >= batch))
             and self._cache.data.dtype == self._cache_dtype()
         )
         if not reuse:
@@ -203,7 +203,7 @@ class NativeRollout(Rollout):
                     "gpu_memory_utilization on a GPU"
                 ) from None
             self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights)
-            self._runner_key = weights_key(self.module)
+            self._runner_key = key
             if self.use_graphs:
                 sizes = capture_sizes(self.cudagraph_capture_sizes, batch)
                 self._graphs = DecodeGraphs(self._runner, sizes, max_blocks, num_blocks * self.block_size)

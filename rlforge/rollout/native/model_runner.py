@@ -138,25 +138,23 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) 
     t = 0
     for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
         start = seq.num_computed_tokens
-        end = start + n
-        bt = seq.block_table
+        end, num = start + n, seq.num_tokens
+        table = seq.block_table[: -(-end // block_size)]
         qs.append(t)
         if n == 1:
-            ids.append(seq.last_token if end == seq.num_tokens else seq.token_ids[start])
+            ids.append(seq.last_token if end == num else seq.token_ids[start])
             pos[t] = start
-            slots[t] = bt[start // block_size] * block_size + start % block_size
+            slots[t] = table[start // block_size] * block_size + start % block_size
         else:
-            prompt = len(seq.prompt_ids)
-            ids.extend(seq.prompt_ids[start:end] if end <= prompt else seq.token_ids[start:end])
+            ids.extend(seq.prompt_ids[start:end] if end <= len(seq.prompt_ids) else seq.token_ids[start:end])
             p = np.arange(start, end, dtype=np.int64)
             pos[t:t + n] = p
-            slots[t:t + n] = np.asarray(bt[: -(-end // block_size)], dtype=np.int64)[p // block_size] * block_size \
-                + p % block_size
+            slots[t:t + n] = np.asarray(table, dtype=np.int64)[p // block_size] * block_size + p % block_size
         t += n
         ql.append(n)
         cl.append(end)
-        bts.append(bt[: -(-end // block_size)])
-        if end == seq.num_tokens:
+        bts.append(table)
+        if end == num:
             rows.append(t - 1)
             sids.append(seq.seq_id)
     return step_inputs(ids, pos, slots, qs, ql, cl, bts, rows, sids, device, block_size)
