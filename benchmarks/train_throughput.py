@@ -11,8 +11,11 @@ real PPO loss) on a batch of ``--seqs`` sequences per GPU.  Each sequence is a 1
 prompt and a response whose length comes from a long-tailed mix (log-normal, clipped to
 64..2048).  The model is a ``preset:`` with random weights, fp32 master weights and bf16
 compute.  Reported per row: tokens/s summed over all GPUs (valid tokens only; step time of the slowest rank), MFU (model FLOPs
-of the valid tokens, attention included, over the H200's 989 TFLOP/s bf16 peak per GPU),
-and peak allocated memory per GPU.
+of the valid tokens, attention included, over the H200's 989 TFLOP/s bf16 peak per GPU) in three
+conventions side by side (``rlforge.perf.flops``: ours, verl's ``FlopsCounter``, and HFU, which
+counts checkpointing's recomputed forward and the chunked head's recompute), and peak allocated
+memory per GPU.  Without ``torchrun`` the process joins a one-rank group in-process
+(``init_single_process``), as ``rlforge train`` does.
 
 Rows (``--rows``):
   fixed-K     K rows per micro-batch, padded to the longest sequence of the batch
@@ -21,8 +24,13 @@ Rows (``--rows``):
   dyn-ckpt    dyn with gradient checkpointing
   dyn-offload dyn with activation offload
   dyn-ckpt-offload  both
-  fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun)
+  fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun); the
+              engine ``rlforge train`` builds for ``strategy=fsdp2``, on one device too
   fsdp2-dyn-ckpt  the same with gradient checkpointing
+  Further ``-`` tokens (any order) on any row: ``ckpt`` gradient checkpointing, ``offload``
+  activation offload, ``compile`` regional torch.compile of each layer's MLP and norms
+  (``actor.use_torch_compile``), ``optoff`` optimizer offload (``fsdp_config.optimizer_offload``,
+  fsdp2 rows), ``nopf`` FSDP2 without explicit prefetch.  e.g. ``fsdp2-dyn-ckpt-compile``.
 
 Log-prob implementation (``--head``, each row runs once per entry, side by side):
   chunked     the chunked LM head (``use_fused_kernels``, the default; ``--chunk-size`` positions
@@ -51,9 +59,9 @@ import torch
 from rlforge.batch import Batch
 from rlforge.config import ActorConfig, FSDPConfig, FusedKernelOptions, OptimConfig
 from rlforge.engine import ENGINES
-from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, init_distributed
+from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, init_distributed, init_single_process
 from rlforge.models import load_causal_lm, load_tokenizer
-from rlforge.perf.flops import device_peak_flops, forward_flops
+from rlforge.perf.flops import device_peak_flops, train_flops
 from rlforge.roles.actor import Actor
 from rlforge.rollout.base import assemble
 
@@ -162,9 +170,11 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     if remove_padding and args.attn:
         set_attention(module, args.attn)
     optim = OptimConfig(lr=1e-6)
+    fsdp_cfg = FSDPConfig(forward_prefetch="nopf" not in parts, optimizer_offload="optoff" in parts)
     engine = ENGINES.get(name)(
-        module, device, fsdp_config=FSDPConfig(forward_prefetch=True), optim_cfg=optim, total_steps=100,
+        module, device, fsdp_config=fsdp_cfg, optim_cfg=optim, total_steps=100,
         optim_key="optim", grad_clip=1.0, gradient_checkpointing="ckpt" in parts, activation_offload="offload" in parts,
+        compile_layers="compile" in parts,
     )
     cfg = ActorConfig(ppo_mini_batch_size=len(batch), ppo_epochs=1)
     actor = Actor(engine, cfg, len(batch), micro, micro, max_token_len=args.budget if dyn else None,
@@ -185,10 +195,14 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
         profile_step(f"{row} {head}", engine.train_step, (batch, loss_fn, micro, args.budget if dyn else None), rank)
     seqlens = batch["attention_mask"].sum(-1).tolist()
     t, peak_mem = (float(x) for x in all_reduce_max([float(np.median(times)), peak_mem], device))  # slowest rank
-    tokens, flops = all_reduce_sum([float(sum(seqlens)), 3.0 * forward_flops(base_model.config, seqlens)], device)
+    chunked = head == "chunked"
+    head_tokens = float(batch["response_mask"].sum()) if chunked else None
+    per_conv = [train_flops(base_model.config, seqlens, c, recompute="ckpt" in parts, head_tokens=head_tokens,
+                            head_recompute=chunked) for c in ("rlforge", "verl", "hfu")]
+    tokens, *flops = all_reduce_sum([float(sum(seqlens)), *per_conv], device)
     peak = device_peak_flops(device) or 989e12
-    out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops / t / (peak * world),
-           "peak_mem_gb": peak_mem}
+    out = {"row": row, "time_s": t, "tokens_per_s": tokens / t, "mfu": flops[0] / t / (peak * world),
+           "mfu_verl": flops[1] / t / (peak * world), "hfu": flops[2] / t / (peak * world), "peak_mem_gb": peak_mem}
     del engine, actor, module
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -228,9 +242,9 @@ def main() -> int:
     if not heads or any(h not in ("chunked", "plain") for h in heads):
         p.error(f"--head {args.head!r}: expected a comma-separated subset of chunked,plain")
     dev_type = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script only
-    info = init_distributed(dev_type) if "WORLD_SIZE" in os.environ else None
-    device = info.device if info else torch.device(dev_type)
-    rank, world = (info.rank, info.world_size) if info else (0, 1)
+    info = init_distributed(dev_type) if "WORLD_SIZE" in os.environ else init_single_process(torch.device(dev_type))
+    device = info.device
+    rank, world = info.rank, info.world_size
     tok = load_tokenizer("preset:tiny", args.tokenizer)
     for model_name in args.model:
         base = load_causal_lm(f"preset:{model_name}", tok, seed=0)
@@ -239,16 +253,17 @@ def main() -> int:
         if rank == 0:
             print(f"\n{model_name}: {world} GPU(s), {args.seqs} seqs/GPU, valid tokens/GPU {int(lens.sum())}, "
                   f"padded {batch['input_ids'].numel()}, max len {int(lens.max())}, budget {args.budget}", flush=True)
-            print(f"{'row':<18} {'head':<8} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8}", flush=True)
+            print(f"{'row':<26} {'head':<8} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'MFU verl':>8} {'HFU':>7} "
+                  f"{'peak GB':>8}", flush=True)
         for row in args.rows.split(","):
             for head in heads:
                 try:
                     r = run_row(row, head, base, batch, args, device, world, rank)
-                    line = (f"{row:<18} {head:<8} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
-                            f"{r['peak_mem_gb']:>8.1f}")
+                    line = (f"{row:<26} {head:<8} {r['time_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['mfu']:>7.1%} "
+                            f"{r['mfu_verl']:>8.1%} {r['hfu']:>7.1%} {r['peak_mem_gb']:>8.1f}")
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
-                    line = f"{row:<18} {head:<8} out of memory"
+                    line = f"{row:<26} {head:<8} out of memory"
                 if rank == 0:
                     print(line, flush=True)
         del base

@@ -164,7 +164,9 @@ class ActorConfig:
     use_kl_loss: bool = False
     """Add a KL(actor || ref) loss term (GRPO style) instead of a KL reward penalty."""
     use_torch_compile: bool = True
-    """torch.compile the log-prob/entropy helpers."""
+    """On CUDA, ``torch.compile`` each decoder layer's MLP and norms (regional compile,
+    :mod:`rlforge.engine.compile`: fused elementwise kernels forward and backward); the
+    first steps pay the compile time.  Ignored on CPU (eager reference path)."""
     kl_loss_coef: float = 0.001
     """Coefficient of that KL loss."""
     kl_loss_type: str = "low_var_kl"

@@ -65,6 +65,30 @@ def init_distributed(device_type: str = "cuda") -> DistInfo:
     return DistInfo(rank, world, local, device)
 
 
+def init_single_process(device: torch.device) -> DistInfo:
+    """A process group of one rank inside this process (no launcher, no network), so that the
+    sharded engines (``strategy=fsdp2``/``fsdp``/``megatron``) run on one device with the same
+    code, the same mesh semantics and the same keys as on N (torchtitan and nanochat do this).
+
+    The store is an in-memory ``HashStore``; the backend is gloo for CPU tensors and, on
+    CUDA, NCCL for CUDA tensors (``"cpu:gloo,cuda:nccl"``).  Reuses an existing group.
+
+    Args:
+        device: this process's compute device (``cpu``, ``cuda`` or ``cuda:N``).
+    Raises:
+        ConfigError: a CUDA device asked for but no GPU is visible.
+    """
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    if not is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), device.index or 0, device)
+
+
 def get_rank() -> int:
     """Global rank; 0 without a process group."""
     return dist.get_rank() if is_initialized() else 0
@@ -103,8 +127,8 @@ def build_mesh(device_type: str, fsdp_size: int = -1) -> DeviceMesh | None:
     """The data-parallel mesh: 1-D ``("shard",)`` over all ranks, or 2-D
     ``("replicate", "shard")`` for hybrid sharding (HSDP) when ``0 < fsdp_size < world``.
 
-    Returns None without a process group (a single process: ``fully_shard`` then is not
-    applied at all — see :mod:`rlforge.engine.fsdp2`).
+    Returns None without a process group (the trainer creates a one-rank group with
+    :func:`init_single_process` for a single process).
 
     Raises:
         ConfigError: ``fsdp_size`` does not divide the world size.

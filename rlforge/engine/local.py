@@ -128,7 +128,7 @@ def local_engine(
     module: torch.nn.Module, device: torch.device, *, fsdp_config: Any = None, optim_cfg: Any | None = None,
     total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
     gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
-    megatron_config: Any = None, role_key: str = "",
+    megatron_config: Any = None, role_key: str = "", compile_layers: bool = False,
 ) -> LocalEngine:
     """Build a :class:`LocalEngine` with the same keyword signature as the FSDP engines.
 
@@ -137,9 +137,12 @@ def local_engine(
     ``megatron_config``, ``role_key`` and ``mesh`` are ignored in one process.
     """
     from rlforge.engine.activation import apply_activation_wrappers
+    from rlforge.engine.compile import compile_layers as compile_regions
     from rlforge.engine.optim import build_optimizer, build_scheduler
     from rlforge.engine.sharded import build_param_groups
 
+    if compile_layers:
+        compile_regions(module, device)
     apply_activation_wrappers(module, gradient_checkpointing, activation_offload)
     opt = sched = None
     if optim_cfg is not None:

@@ -31,10 +31,16 @@ def build_optimizer(params: list[torch.nn.Parameter] | list[dict[str, Any]], opt
     """AdamW with ``lr``, ``betas`` and ``weight_decay`` from ``optim_cfg``.
 
     ``params`` may be parameter groups (dicts); a group's own ``lr`` overrides ``optim_cfg.lr``.
+    Where every parameter is on a CUDA device the fused implementation runs (``fused=True``: one
+    kernel for the whole update instead of torch's multi-tensor ``foreach`` launches); elsewhere
+    (CPU, CPU-offloaded parameters) torch's default.
     """
     betas = tuple(float(b) for b in (getattr(optim_cfg, "betas", None) or (0.9, 0.999)))
+    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(flat) and all(p.device.type == "cuda" for p in flat)
     return torch.optim.AdamW(
-        params, lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.weight_decay)  # type: ignore[arg-type]
+        params, lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.weight_decay),  # type: ignore[arg-type]
+        fused=fused or None,
     )
 
 

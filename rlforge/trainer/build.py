@@ -18,7 +18,7 @@ from rlforge.algorithms import POLICY_LOSSES
 from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine import ENGINES, TrainEngine
-from rlforge.engine.distributed import init_distributed
+from rlforge.engine.distributed import init_distributed, init_single_process
 from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
@@ -151,7 +151,8 @@ class Job:
 
 def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_config: Any, optim_cfg: Any | None,
             total_steps: int, optim_key: str, grad_clip: float = 1.0, param_groups: Any = None,
-            model_cfg: Any = None, megatron_config: Any = None, role_key: str = "") -> TrainEngine:
+            model_cfg: Any = None, megatron_config: Any = None, role_key: str = "",
+            compile_layers: bool = False) -> TrainEngine:
     """Build the engine registered as ``name`` (``local``, ``fsdp2``, ``fsdp``, ``megatron``) around
     ``module``; ``role_key`` (e.g. ``critic``) is the role's config prefix, named in errors."""
     return ENGINES.get(name)(
@@ -159,6 +160,7 @@ def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_co
         grad_clip=grad_clip, param_groups=param_groups, megatron_config=megatron_config, role_key=role_key,
         gradient_checkpointing=bool(model_cfg is not None and model_cfg.enable_gradient_checkpointing),
         activation_offload=bool(model_cfg is not None and model_cfg.enable_activation_offload),
+        compile_layers=compile_layers,
     )
 
 
@@ -187,9 +189,17 @@ def head_chunk_size(use_fused_kernels: bool, model_cfg: Any, module: torch.nn.Mo
 
 
 def engine_name(strategy: str) -> str:
-    """``actor.strategy`` (``fsdp`` = FSDP1, ``fsdp2``, ``megatron``) when several processes train together;
-    one process uses the plain local engine (sharding over one device buys nothing)."""
-    return strategy if spmd.world()[1] > 1 else "local"
+    """The registered engine of ``actor.strategy`` / ``critic.strategy`` (``fsdp`` = FSDP1, ``fsdp2``,
+    ``megatron``), whatever the number of processes: one process runs the same sharded engine on
+    a one-device mesh (:func:`~rlforge.engine.distributed.init_single_process`), so offload, mixed
+    precision, reshard and prefetch keys mean the same on 1 device and on N."""
+    return strategy
+
+
+def rollout_weights_dtype(device: torch.device) -> torch.dtype:
+    """dtype of the rollout's own copy of the policy: the compute dtype (bfloat16 on CUDA, where the
+    rollout would cast the float32 master weights to it anyway; float32 on CPU)."""
+    return autocast_dtype(device) or torch.float32
 
 
 def build_job(cfg: Any) -> Job:
@@ -199,8 +209,9 @@ def build_job(cfg: Any) -> Job:
         RLForgeError subclasses for bad paths, files or rows.
     """
     device = pick_device(cfg.trainer.device)
-    if under_launcher():  # one process per device: join the process group, take this rank's device
-        device = init_distributed(device.type).device
+    # One process per device under a launcher; else a one-rank group in this process, so that
+    # the same sharded engine runs on 1 device and on N.
+    device = init_distributed(device.type).device if under_launcher() else init_single_process(device).device
     arr = cfg.actor_rollout_ref
     seed = int(cfg.data.seed if cfg.data.seed is not None else 1)
     tokenizer = load_tokenizer(arr.model.path, arr.model.tokenizer_path)
@@ -234,7 +245,7 @@ def build_job(cfg: Any) -> Job:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
         ref_engine = _engine(engine_name(arr.actor.strategy), ref_module, device, fsdp_config=arr.ref.fsdp_config,
                              optim_cfg=None, total_steps=steps, optim_key="", megatron_config=arr.ref.megatron,
-                             role_key="actor_rollout_ref.ref")
+                             role_key="actor_rollout_ref.ref", compile_layers=bool(arr.ref.use_torch_compile))
         ref = LogProbModel(ref_engine, sizes["ref_micro"], budgets["ref"], remove_padding and ref_engine.packed_forward,
                            head_chunk_size(arr.model.use_fused_kernels, arr.model, ref_module, ref_engine,
                                            "actor_rollout_ref.model.use_fused_kernels"))
@@ -244,14 +255,15 @@ def build_job(cfg: Any) -> Job:
         flow = arr.actor.policy_loss.flowrl
         trained = PolicyWithLogZ(actor_module, int(flow.log_z_hidden_size))
         param_groups = [(lambda name: name.startswith("log_z_head."), float(flow.log_z_lr_multiplier))]
-    # Several processes shard the actor, so the rollout generates with its own full copy,
-    # refreshed from the shards after every update; one process shares the module.
-    rollout_copy = copy.deepcopy(trained) if spmd.world()[1] > 1 else None
+    # The engine shards the actor (also on one device: its parameters become DTensors), so the
+    # rollout generates with its own full copy in the compute dtype, refreshed from the shards
+    # after every update, one tensor at a time.
+    rollout_copy = copy.deepcopy(trained).to(dtype=rollout_weights_dtype(device))
     actor_engine = _engine(
         engine_name(arr.actor.strategy), trained, device, fsdp_config=arr.actor.fsdp_config, optim_cfg=arr.actor.optim,
         total_steps=steps, optim_key="actor_rollout_ref.actor.optim", grad_clip=arr.actor.grad_clip,
         param_groups=param_groups, model_cfg=arr.model, megatron_config=arr.actor.megatron,
-        role_key="actor_rollout_ref.actor",
+        role_key="actor_rollout_ref.actor", compile_layers=bool(arr.actor.use_torch_compile),
     )
     actor = Actor(actor_engine, arr.actor, sizes["actor_mini"], sizes["actor_micro"], sizes["log_prob_micro"],
                   with_log_z=needs_log_z, max_token_len=budgets["actor"], log_prob_max_token_len=budgets["log_prob"],
@@ -276,18 +288,14 @@ def build_job(cfg: Any) -> Job:
                         bool(cfg.critic.model.use_remove_padding) and critic_engine.packed_forward)
 
     eos_ids = _eos_ids(tokenizer, actor_module)
-    if rollout_copy is not None:
-        rollout_copy.to(device)
-        rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
-    else:
-        rollout_lm = actor_module
+    rollout_copy.to(device)
+    rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
     rollout = ROLLOUTS.get(rollout_name(cfg, rollout_lm)).from_config(
         rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
     reward = build_reward_manager(cfg, tokenizer)
     def sync_rollout() -> None:
-        if rollout_copy is not None:
-            actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)
+        actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)
 
     return Job(tokenizer, device, actor, rollout_lm, ref, critic, rollout, reward, train_loader, val_loader, steps,
                sync_rollout)

@@ -188,7 +188,51 @@ def _case_train(out: Path, opts: dict) -> None:
     dist.destroy_process_group()
 
 
+def _case_steps(out: Path, opts: dict) -> None:
+    """``opts["steps"]`` actor steps through the FSDP engine on this rank's share of the batch.
+    Without ``WORLD_SIZE`` in the environment the process joins a one-rank group in-process
+    (``init_single_process``), as ``rlforge train`` does on one device.  Rank 0 saves the
+    per-step metrics, the full state and whether the optimizer state was host-resident."""
+    import torch.distributed as dist
+
+    from rlforge.config.common import FSDPConfig
+    from rlforge.engine import ENGINES
+    from rlforge.engine.distributed import init_distributed, init_single_process
+
+    cpu = torch.device("cpu")
+    info = init_distributed("cpu") if "WORLD_SIZE" in os.environ else init_single_process(cpu)
+    model, tok = load_model()
+    batch = make_batch(model, tok)
+    half = ROWS // info.world_size
+    mine = batch.select(slice(info.rank * half, (info.rank + 1) * half))
+    cfg = actor_cfg(opts["mode"])
+    fsdp_cfg = FSDPConfig(optimizer_offload=opts.get("optimizer_offload", False))
+    engine = ENGINES.get(opts["strategy"])(model, info.device, fsdp_config=fsdp_cfg, optim_cfg=cfg.optim,
+                                           total_steps=10, grad_clip=cfg.grad_clip)
+    per_step, offloaded = [], []
+    for _ in range(opts["steps"]):
+        per_step.append(run_actor(engine, mine, opts["mode"], opts["micro"])[0])
+        offloaded.append(engine.offloaded is not None and engine.offloaded.is_offloaded()
+                         and all(local.device.type == "cpu" for local in engine.offloaded.host.values()))
+    state = engine.state_dict()
+    if info.rank == 0:
+        torch.save({"metrics": per_step, "state": state, "offloaded": offloaded,
+                    "num_host": len(engine.offloaded.host) if engine.offloaded else 0,
+                    "world": info.world_size}, out / "result.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_single(argv: list[str], timeout: float) -> None:
+    """Run ``python *argv`` as one plain process (no launcher variables); raise with its stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    res = subprocess.run([sys.executable, *argv], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"exit {res.returncode}:\n{res.stderr[-4000:]}")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    {"train": _case_train}[sys.argv[1]](Path(sys.argv[2]), json.loads(sys.argv[3]))
+    {"train": _case_train, "steps": _case_steps}[sys.argv[1]](Path(sys.argv[2]), json.loads(sys.argv[3]))

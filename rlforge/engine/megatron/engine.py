@@ -87,6 +87,7 @@ from rlforge.engine.megatron.state import WeightsAndState
 from rlforge.engine.megatron.tensor_parallel import apply_tensor_parallel
 from rlforge.engine.megatron.weights import plan_entries
 from rlforge.engine.optim import build_optimizer, build_scheduler
+from rlforge.engine.optim_offload import OffloadedOptimizer
 from rlforge.errors import ConfigError
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -131,10 +132,15 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         role_key: str = "actor_rollout_ref.actor", optim_cfg: Any | None = None, total_steps: int = 1,
         optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
         gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
+        compile_layers: bool = False,
     ) -> None:
         if not is_initialized():
             raise RuntimeError("strategy=megatron needs torch.distributed: launch with torchrun (or "
                                "trainer.n_gpus_per_node > 1) and call rlforge.engine.distributed.init_distributed()")
+        if compile_layers:
+            from rlforge.engine.compile import compile_layers as compile_regions
+
+            compile_regions(module, device)
         if param_groups is not None or callable(getattr(module, "forward_with_log_z", None)):
             raise ConfigError(f"{role_key}.strategy=megatron does not train FlowRL's log Z head "
                               "(policy_loss.loss_mode=flowrl); use strategy=fsdp2")
@@ -210,9 +216,11 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         params = [p for p in self._local_params.values() if p.requires_grad]
         self.optimizer = build_optimizer(params, optim_cfg)
         if len({isinstance(p, DTensor) for p in params}) > 1:
-            for g in self.optimizer.param_groups:  # foreach kernels cannot mix DTensors and plain tensors
+            for g in self.optimizer.param_groups:  # multi-tensor kernels cannot mix DTensors and plain tensors
                 g["foreach"] = False
+                g["fused"] = False
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, total_steps, key)
+        self.offloaded = OffloadedOptimizer(self.optimizer, self.device) if self.optimizer_offload else None
 
     def _build_runner(self, config: Any) -> DirectRunner | PipelineRunner:
         stages = list(self.module.stages)
@@ -393,7 +401,9 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
         if math.isfinite(norm):
             clip_grads_(params, norm, max_norm)
-            with self._optimizer_on_device():
+            if self.offloaded is not None:
+                self.offloaded.step()
+            else:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
@@ -431,31 +441,6 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         return {"parallel/tp": float(self.dims.tp), "parallel/pp": float(self.dims.pp),
                 "parallel/dp": float(self.dims.dp), "parallel/vpp": float(self.dims.vpp),
                 "parallel/pp_bubble": bubble, "parallel/num_micro_batches": micro}
-
-    # ------------------------------------------------------------------ optimizer offload
-    def _optimizer_on_device(self) -> AbstractContextManager:
-        """With ``megatron.optimizer_offload`` the AdamW moments stay on CPU between steps."""
-        return _OptimizerOnDevice(self)
-
-    def _move_optimizer_state(self, device: torch.device) -> None:
-        assert self.optimizer is not None
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    state[k] = v.to(device, non_blocking=True)
-
-
-class _OptimizerOnDevice:
-    def __init__(self, engine: MegatronEngine) -> None:
-        self.engine = engine
-
-    def __enter__(self) -> None:
-        if self.engine.optimizer_offload:
-            self.engine._move_optimizer_state(self.engine.device)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.engine.optimizer_offload:
-            self.engine._move_optimizer_state(torch.device("cpu"))
 
 
 def _tied(module: nn.Module) -> bool:

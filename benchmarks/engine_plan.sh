@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Training-engine measurements (issue 15) in one lease of the device machine, detached so that they
+# outlive one call's 10-minute limit.  Run from the repository root, as the device tool runs commands.
+#
+#   bash benchmarks/engine_plan.sh start "STEP STEP ..." [WAIT_S]   # start detached, wait, collect
+#   bash benchmarks/engine_plan.sh wait [WAIT_S]                     # later calls: wait, collect
+#
+# Steps (each with its own time limit): tests (CUDA engine + rollout tests), train (train_throughput
+# rows on 1.5B and 0.5B), offprof (profile of checkpointing + activation offload on 1.5B), e7b (7B GRPO,
+# 3 measured steps, rlforge), e2e (e2e_grpo 0.5B and 1.5B, rlforge beside TRL, 5 measured steps).
+# Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
+set -u
+P=/tmp/eplan
+REPO=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" "$P"
+cmd=${1:-wait}
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$REPO"/.whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+}
+
+TT="$REPO/benchmarks/train_throughput.py"
+step_tests() {
+  timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py \
+    tests/rollout/test_native_cuda.py > "$P/tests.txt" 2>&1
+}
+step_train() {
+  timeout -k 10 330 python3 "$TT" --model qwen2.5-1.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
+    --rows dyn,fsdp2-dyn,fsdp2-dyn-compile,fsdp2-dyn-ckpt,fsdp2-dyn-ckpt-compile,fsdp2-dyn-ckpt-offload-compile \
+    > "$P/train15.txt" 2>&1
+  timeout -k 10 200 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
+    --rows fsdp2-dyn-ckpt,fsdp2-dyn-ckpt-compile > "$P/train05.txt" 2>&1
+}
+step_offprof() {
+  timeout -k 10 150 python3 "$TT" --model qwen2.5-1.5b --tokenizer "$REPO/.tok" --head chunked --iters 1 \
+    --rows fsdp2-dyn-ckpt-offload --profile > "$P/offprof.txt" 2>&1
+}
+step_e7b() {
+  timeout -k 10 900 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-7b --skip-trl \
+    --prompts 32 --n 8 --prompt-len 256 --response-len 512 --steps 3 --warmup 1 --out "$P/e7b" \
+    --rlforge-extra actor_rollout_ref.actor.fsdp_config.optimizer_offload=true > "$P/e7b.txt" 2>&1
+}
+step_e2e() {
+  timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b qwen2.5-1.5b \
+    --steps 5 --warmup 1 --out "$P/e2e" > "$P/e2e.txt" 2>&1
+}
+
+plan() {
+  setup
+  mark() { date -u +"$1 %T" >> "$P/progress.txt"; }
+  mark start
+  for s in $1; do
+    (cd "$REPO" && "step_$s"); mark "$s rc=$?"
+  done
+  mark done
+}
+
+collect() {
+  local wait_s=${1:-570} t=0
+  while [ $t -lt "$wait_s" ] && ! grep -q "^done" "$P/progress.txt" 2>/dev/null; do sleep 10; t=$((t + 10)); done
+  cat "$P/progress.txt"
+  for f in "$P"/*.txt; do echo "=== $f"; tail -n 40 "$f"; done
+  (cd "$P" && tar czf "$OUT/eplan.tgz" --exclude='*.pt' --exclude='*trace*' --exclude='*.safetensors' . 2>/dev/null)
+}
+
+case "$cmd" in
+  start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offprof \
+           step_e7b step_e2e); REPO='$REPO' P='$P' TT='$TT'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+         sleep 2; collect "${3:-570}" ;;
+  wait) collect "${2:-570}" ;;
+esac

@@ -1,0 +1,67 @@
+"""The training engine on one GPU (CUDA only; skipped without a GPU).
+
+``strategy=fsdp2`` in one process on a one-rank group, as ``rlforge train`` builds it:
+- ``optimizer_offload``: between steps the AdamW moments are the engine's pinned host
+  buffers, and two steps give the same parameters as without offload (same kernels, so to
+  float rounding of the fused step);
+- regional compile (``actor.use_torch_compile``) gives the eager engine's loss and gradient
+  norm to bf16 tolerance, and fused AdamW runs on the DTensor parameters.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import dist_common as dc  # noqa: E402
+
+CUDA = torch.device("cuda")
+MODE = "seq-mean-token-mean"
+
+
+def _run(steps: int = 2, **kw):
+    from rlforge.config.common import FSDPConfig
+    from rlforge.engine import ENGINES
+    from rlforge.engine.distributed import init_single_process
+
+    init_single_process(CUDA)
+    model, tok = dc.load_model()
+    batch = dc.make_batch(model, tok)
+    cfg = dc.actor_cfg(MODE)
+    engine = ENGINES.get("fsdp2")(model, CUDA, fsdp_config=FSDPConfig(optimizer_offload=kw.get("offload", False)),
+                                  optim_cfg=cfg.optim, total_steps=10, grad_clip=cfg.grad_clip,
+                                  compile_layers=kw.get("compile", False))
+    metrics, on_host = [], []
+    for _ in range(steps):
+        metrics.append(dc.run_actor(engine, batch, MODE, micro=2)[0])
+        if engine.offloaded is not None:
+            on_host.append(engine.offloaded.is_offloaded() and all(
+                b.device.type == "cpu" and b.is_pinned() for b in engine.offloaded.host.values()))
+    assert engine.optimizer is not None and engine.optimizer.defaults.get("fused") is True
+    params = {k: v.float().cpu() for k, v in engine.full_params_iter()}
+    return metrics, on_host, params
+
+
+def test_optimizer_offload_on_gpu():
+    base, _, p0 = _run()
+    off, on_host, p1 = _run(offload=True)
+    assert on_host == [True, True]
+    for a, b in zip(base, off, strict=True):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    for k in p0:
+        assert torch.allclose(p0[k], p1[k], atol=1e-7, rtol=0), k
+
+
+def test_regional_compile_matches_eager():
+    base, _, _ = _run(steps=1)
+    comp, _, _ = _run(steps=1, compile=True)
+    assert comp[0]["pg_loss"] == pytest.approx(base[0]["pg_loss"], rel=2e-2, abs=1e-4)
+    assert comp[0]["grad_norm"] == pytest.approx(base[0]["grad_norm"], rel=2e-2)
