@@ -163,10 +163,12 @@ class ActorConfig:
     """Entropy bonus coefficient; 0 = off."""
     use_kl_loss: bool = False
     """Add a KL(actor || ref) loss term (GRPO style) instead of a KL reward penalty."""
-    use_torch_compile: bool = True
+    use_torch_compile: bool = False
     """On CUDA, ``torch.compile`` each decoder layer's MLP and norms (regional compile,
-    :mod:`rlforge.engine.compile`: fused elementwise kernels forward and backward); the
-    first steps pay the compile time.  Ignored on CPU (eager reference path)."""
+    :mod:`rlforge.engine.compile`: fused elementwise kernels forward and backward); the first
+    steps pay the compile time.  Ignored on CPU (eager reference path).  Default False, unlike
+    verl's True: on one H200 it made the 1.5B/0.5B training step 6%/17% slower without
+    checkpointing and 3% faster with it (benchmarks/RESULTS.md, 2026-12-01)."""
     kl_loss_coef: float = 0.001
     """Coefficient of that KL loss."""
     kl_loss_type: str = "low_var_kl"

@@ -28,7 +28,7 @@ WORLD = 2
 def load_model():
     from rlforge.models import load_causal_lm, load_tokenizer
 
-    tok = load_tokenizer("preset:tiny")
+    tok = load_tokenizer("preset:tiny", os.environ.get("RLFORGE_TEST_TOKENIZER") or None)
     return load_causal_lm("preset:tiny", tok, {"initializer_range": 0.2}, seed=3), tok
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,14 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import dist_common as dc  # noqa: E402
+
+if not os.environ.get("RLFORGE_TEST_TOKENIZER"):
+    try:
+        from rlforge.models import load_tokenizer
+
+        load_tokenizer("preset:tiny")
+    except Exception as e:  # noqa: BLE001 - any reason the tokenizer is missing
+        pytest.skip(f"no tokenizer for preset:tiny ({e}); set RLFORGE_TEST_TOKENIZER", allow_module_level=True)
 
 CUDA = torch.device("cuda")
 MODE = "seq-mean-token-mean"

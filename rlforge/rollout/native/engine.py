@@ -158,6 +158,9 @@ class NativeRollout(Rollout):
             return need
         per = KVCache.bytes_per_block(spec.num_layers, self.block_size, spec.num_kv_heads, spec.head_dim,
                                       self._cache_dtype())
+        # The trainer's freed activations and gradients sit in PyTorch's cache, reserved but unused:
+        # hand them back first, so that the budget sees what the trainer really keeps resident.
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         vocab = self.module.lm_head.weight.shape[0]
         scratch = 2 * min(self.scheduler_config.max_num_seqs, len(seqs)) * vocab * 4  # logits and sampling buffers
