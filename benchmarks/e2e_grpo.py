@@ -41,6 +41,17 @@ when ``--run-time-limit`` stopped the run first):
 - GPU util %: NVML utilisation averaged over the step; idle ratio: fraction of the step's
   100 ms samples with utilisation < 5 %; both from rlforge's sampler (``rlforge.perf.gpu_sampler``)
   for both frameworks.  The sampler's own CPU time per wall second is checked against 1 %.
+- MFU ours / MFU verl / HFU: the FLOPs of the step's training pass (forward + backward of the one
+  update; with ``--beta`` > 0 also the reference's forward) per second of step wall time (s/step:
+  generation included, so these are end-to-end utilisations), over the GPU's bf16 peak, in the three
+  conventions of ``rlforge.perf.flops``: ours, verl's ``FlopsCounter`` (also counts the embedding),
+  and hardware FLOPs (both frameworks checkpoint the decoder layers, so they run 4 forwards, not 3;
+  rlforge's chunked LM head also recomputes its forward in backward, TRL's head does not; both
+  compute logits at the response positions only).  Per step: prompts x n sequences of the measured
+  mean length (tokens per step / sequences; the attention term is then exact for equal lengths,
+  which ~98 % of the responses are here, and a lower bound otherwise).  An extra
+  ``old_log_prob`` forward (``--rlforge-extra actor_rollout_ref.actor.recompute_old_log_prob=true``)
+  is not counted.
 
 Each framework and model runs in its own subprocess (a fresh CUDA context): rlforge as
 ``python -m rlforge.cli train ... trainer.logger=[file]``, reading ``metrics.jsonl``; TRL as this
@@ -158,6 +169,7 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
     arr = "actor_rollout_ref"
     o = [
         f"{arr}.model.path=preset:{model}", f"{arr}.model.enable_gradient_checkpointing=true",
+        f"{arr}.actor.strategy=fsdp2",  # verl's tuning guides' engine; one device runs it on a 1-rank mesh
         f"data.train_files={data}", "data.val_files=null", f"data.train_batch_size={wl.prompts}",
         f"data.max_prompt_length={wl.prompt_len}", f"data.max_response_length={wl.response_len}",
         "data.shuffle=false", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
@@ -217,6 +229,63 @@ def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any
                             for s in stages},
         "mfu_actor": _mean([r["perf/mfu/actor"] for r in measured if "perf/mfu/actor" in r]),
     }
+
+
+def _extra_flag(extras: list[str], keys: tuple[str, ...], default: bool) -> bool:
+    """The boolean an ``--rlforge-extra`` override gives one of ``keys`` (the last one wins), else ``default``."""
+    value = default
+    for item in extras:
+        key, _, v = item.lstrip("+").partition("=")
+        if key.strip() in keys:
+            value = v.strip().lower() in ("true", "1", "yes")
+    return value
+
+
+def gpu_peak_flops(gpu: str | None) -> float | None:
+    """bf16 dense peak of the GPU a run uses, from its NVML name (``rlforge.perf.flops.PEAK_BF16_FLOPS``),
+    read without a CUDA context in this process; None without NVML or for a GPU not in the table.
+    ``gpu``: the run's ``CUDA_VISIBLE_DEVICES`` entry; None = the first visible GPU."""
+    from rlforge.perf.flops import peak_flops_for_name
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    index = gpu if gpu is not None else (visible[0] if visible else "0")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(int(index)))
+    except Exception:  # no NVML, no driver, a UUID entry: no peak, the MFU columns show "-"
+        return None
+    return peak_flops_for_name(name.decode() if isinstance(name, bytes) else str(name))
+
+
+def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workload, peak: float | None,
+                   rlforge_extra: list[str]) -> dict[str, float | None]:
+    """``mfu_ours``, ``mfu_verl``, ``hfu`` of a finished run (fractions; see the module docstring)."""
+    from rlforge.perf.flops import CONVENTIONS, forward_flops, train_flops
+
+    out: dict[str, float | None] = {"mfu_ours": None, "mfu_verl": None, "hfu": None}
+    seqs = wl.prompts * wl.n
+    tokens, step_s = run.get("tokens_per_step"), run.get("s_per_step")
+    if peak is None or not tokens or not step_s:
+        return out
+    seqlens = [tokens / seqs] * seqs
+    response = max(tokens - seqs * wl.prompt_len, 0.0)
+    arr = "actor_rollout_ref"
+    if framework == "rlforge":
+        recompute = _extra_flag(rlforge_extra, (f"{arr}.model.enable_gradient_checkpointing",), True)
+        chunked = _extra_flag(rlforge_extra, (f"{arr}.model.use_fused_kernels", f"{arr}.actor.use_fused_kernels"),
+                              True)
+        head_tokens, head_recompute = (response, True) if chunked else (tokens, False)
+    else:  # TRL: gradient_checkpointing=True; logits_to_keep = the completion positions; HF's head is not recomputed
+        recompute, head_tokens, head_recompute = True, response, False
+    for name, convention in zip(out, CONVENTIONS, strict=True):
+        flops = train_flops(config, seqlens, convention, recompute, head_tokens=head_tokens,
+                            head_recompute=head_recompute)
+        if wl.beta > 0:  # the reference's forward, the head on the response positions in both
+            flops += forward_flops(config, seqlens, convention, head_tokens=response)
+        out[name] = flops / step_s / peak
+    return out
 
 
 def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path,
@@ -408,7 +477,7 @@ def _f(v: float | None, spec: str) -> str:
 
 
 COLUMNS = ("model", "framework", "steps", "tokens/s", "s/step", "gen s", "train s", "GPU util %", "idle ratio",
-           "vs TRL")
+           "MFU ours", "MFU verl", "HFU", "vs TRL")
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> str:
@@ -426,6 +495,7 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
             f"| {r['model']}", r["framework"], f"{r['steps']}{'' if r.get('finished', True) else ' (cut)'}",
             _f(r["tokens_per_s"], ".0f"), _f(r["s_per_step"], ".2f"),
             _f(r["gen_s"], ".2f"), _f(r["train_s"], ".2f"), _f(r["gpu_util"], ".1f"), _f(r["idle_ratio"], ".3f"),
+            _f(r.get("mfu_ours"), ".1%"), _f(r.get("mfu_verl"), ".1%"), _f(r.get("hfu"), ".1%"),
             _f(ratio, ".2f") + " |",
         ]))
     return "\n".join(lines)
@@ -588,12 +658,20 @@ def main() -> int:
         p.error(f"--tokenizer: {e}")
     out.mkdir(parents=True, exist_ok=True)
     data, reward = write_inputs(out, tok, wl)
+    from rlforge.models.presets import preset_config
+
+    def with_mfu(run: dict[str, Any], framework: str, model: str, gpu: str | None) -> dict[str, Any]:
+        config = preset_config(model, len(tok))  # the shapes both frameworks build
+        return {**run, **mfu_three_ways(run, framework, config, wl, gpu_peak_flops(gpu), args.rlforge_extra)}
+
     jobs: list[tuple[str, str, Callable[[str | None], dict]]] = []
     for model in (m.removeprefix("preset:") for m in args.models):
         if not args.skip_rlforge:
-            jobs.append((model, "rlforge", lambda gpu, m=model: run_rlforge(m, wl, args, out, data, reward, gpu)))
+            jobs.append((model, "rlforge", lambda gpu, m=model: with_mfu(
+                run_rlforge(m, wl, args, out, data, reward, gpu), "rlforge", m, gpu)))
         if not args.skip_trl:
-            jobs.append((model, "trl", lambda gpu, m=model: run_trl(m, wl, args, out, data, gpu)))
+            jobs.append((model, "trl", lambda gpu, m=model: with_mfu(run_trl(m, wl, args, out, data, gpu), "trl", m,
+                                                                     gpu)))
     def write(runs: list[dict[str, Any]]) -> str:
         """The tables of ``runs`` into OUT/e2e_grpo.{md,json} (after every run, so a run cut
         short by its machine still leaves the finished runs' table)."""

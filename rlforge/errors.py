@@ -28,3 +28,8 @@ class ModelError(RLForgeError, ValueError):
 
 class RewardError(RLForgeError, ValueError):
     """A reward function is missing, raises, or returns something that is not a number."""
+
+
+class DeviceOutOfMemory(RLForgeError):
+    """A stage ran out of accelerator memory; the message names the stage, the memory in use and
+    the config keys that lower it (:mod:`rlforge.trainer.oom`).  The original error is ``__cause__``."""

@@ -13,14 +13,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlforge.algorithms import POLICY_LOSSES
 from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
+from rlforge.config.precision import check_precision_and_offload
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
 from rlforge.trainer.on_policy import skips_old_log_prob
 
-__all__ = ["CHOICES", "effective_loggers", "uses_critic", "validate_config"]
+__all__ = ["CHOICES", "effective_loggers", "uses_critic", "uses_ref", "validate_config"]
 
 _ARR = "actor_rollout_ref"
 _LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -55,12 +57,22 @@ def uses_critic(cfg: RLForgeConfig) -> bool:
     return cfg.algorithm.adv_estimator == "gae"
 
 
+def uses_ref(cfg: RLForgeConfig) -> bool:
+    """Whether the run builds the reference policy: a KL term (``actor.use_kl_loss``,
+    ``algorithm.use_kl_in_reward``) or a policy loss that asks for it (FlowRL's ``use_ref``)."""
+    actor = cfg.actor_rollout_ref.actor
+    loss = POLICY_LOSSES.get(actor.policy_loss.loss_mode)
+    return bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or getattr(loss, "needs_ref_log_prob", lambda _cfg: False)(actor))
+
+
 def validate_config(cfg: RLForgeConfig) -> list[str]:
     """Check cross-field constraints; return warnings (one line each).
 
     Raises:
         ConfigError: a value outside its allowed set, a non-positive size, batch sizes that
-            do not divide, a bad ``trainer.device``.
+            do not divide, a bad ``trainer.device``, an offload/dtype/strategy combination
+            that cannot work (:mod:`rlforge.config.precision`).
     """
     _check_choices(cfg)
     check_ranges(cfg)
@@ -92,7 +104,8 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
     _check_megatron(cfg)
-    return _warnings(cfg) + _profile_step_warnings(cfg)
+    precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
+    return _warnings(cfg) + precision + _profile_step_warnings(cfg)
 
 
 def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:

@@ -260,6 +260,8 @@ SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
     ("GPU utilisation (%)", "perf/gpu_util/mean", "mean"),
     ("GPU idle ratio (samples < 5 % util)", "perf/idle_ratio", "mean"),
     ("MFU, actor update", "perf/mfu/actor", "mean"),
+    ("MFU, actor update, verl's count", "perf/mfu/actor_verl", "mean"),
+    ("HFU, actor update (with recompute)", "perf/hfu/actor", "mean"),
     ("GPU sampler CPU overhead (s per s)", "perf/gpu_sampler_overhead", "mean"),
     ("peak GPU memory allocated (GB)", "perf/max_memory_allocated_gb", "max"),
 )

@@ -9,12 +9,13 @@ the same for ``token_level_rewards`` (after any in-reward KL penalty);
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rlforge.batch import Batch
-from rlforge.perf.flops import forward_flops, mfu
+from rlforge.perf.flops import Convention, forward_flops, mfu, train_flops
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -86,25 +87,42 @@ def tokens_per_hour(m: dict[str, float]) -> dict[str, float]:
 
 def mfu_metrics(
     m: dict[str, float], seqlens: list[int], actor_config: Any, critic_config: Any | None, ppo_epochs: int,
-    critic_ppo_epochs: int, peak: float | None, num_devices: int = 1,
+    critic_ppo_epochs: int, peak: float | None, num_devices: int = 1, *, recompute: bool = False,
+    head_tokens: float | None = None, head_recompute: bool = False,
 ) -> dict[str, float]:
-    """``perf/mfu/{actor,critic,ref}`` from the stage timings in ``m`` (fractions of the bf16 peak).
+    """``perf/mfu/{actor,critic,ref}``, ``perf/mfu/actor_verl`` and ``perf/hfu/actor`` from the
+    stage timings in ``m`` (fractions of the bf16 peak; :mod:`rlforge.perf.flops` has the formulas).
 
     ``seqlens``: prompt + response tokens of every sequence of the step (all ranks).
     Training counts forward + backward (3 forwards) per PPO epoch; ``ref`` one forward.
+    ``perf/mfu/*`` use rlforge's convention, ``actor_verl`` verl's ``FlopsCounter`` (which also
+    counts the embedding as a matmul); ``perf/hfu/actor`` the hardware FLOPs of the update:
+    ``recompute`` (activation checkpointing of the actor's layers), ``head_tokens`` (positions
+    whose logits the update computes; None = all) and ``head_recompute`` (the chunked LM head
+    recomputes its forward in backward) as :func:`~rlforge.perf.flops.train_flops` takes them.
     Nothing is reported when the device peak is unknown (CPU).
     """
     out: dict[str, float] = {}
     if peak is None:
         return out
-    stages = [("actor", "timing_s/update_actor", actor_config, 3.0 * ppo_epochs),
-              ("ref", "timing_s/ref", actor_config, 1.0)]
+
+    def update(config: Any, epochs: int, convention: Convention) -> float:
+        return epochs * train_flops(config, seqlens, convention, recompute, head_tokens=head_tokens,
+                                    head_recompute=head_recompute)
+
+    stages: list[tuple[str, str, Callable[[], float]]] = [
+        ("mfu/actor", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "rlforge")),
+        ("mfu/actor_verl", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "verl")),
+        ("hfu/actor", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "hfu")),
+        ("mfu/ref", "timing_s/ref", lambda: forward_flops(actor_config, seqlens)),
+    ]
     if critic_config is not None:
-        stages.append(("critic", "timing_s/update_critic", critic_config, 3.0 * critic_ppo_epochs))
-    for role, key, config, passes in stages:
+        stages.append(("mfu/critic", "timing_s/update_critic", lambda: update(critic_config, critic_ppo_epochs,
+                                                                             "rlforge")))
+    for name, key, flops in stages:
         if key not in m:
             continue
-        value = mfu(passes * forward_flops(config, seqlens), m[key], peak, num_devices)
+        value = mfu(flops(), m[key], peak, num_devices)
         if value is not None:
-            out[f"perf/mfu/{role}"] = value
+            out[f"perf/{name}"] = value
     return out

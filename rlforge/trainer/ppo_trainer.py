@@ -13,13 +13,17 @@ and ``update_critic`` only with a critic (``adv_estimator=gae``); ``update_actor
 after ``trainer.critic_warmup`` steps.
 
 Every ``timed`` block reports to the rank's :class:`~rlforge.perf.monitor.PerfMonitor` timeline,
-which gives the per-stage GPU utilisation and, with ``trainer.profile``, the stage trace.
+which gives the per-stage GPU utilisation and, with ``trainer.profile``, the stage trace.  A CUDA
+out-of-memory error in a stage becomes one message naming the stage, the memory and the keys that
+lower it (:mod:`rlforge.trainer.oom`).
 """
 
 from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from rlforge.algorithms import (
 )
 from rlforge.batch import Batch
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
+from rlforge.engine.local import LocalEngine
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import memory_metrics
@@ -55,6 +60,7 @@ from rlforge.trainer.metrics import (
     tokens_per_hour,
 )
 from rlforge.trainer.on_policy import skips_old_log_prob
+from rlforge.trainer.oom import oom_guard
 from rlforge.trainer.validation import validate
 
 
@@ -88,6 +94,7 @@ class PPOTrainer:
         self.rank, self.world_size = spmd.world()
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
         self.peak_flops = device_peak_flops(self.job.device)
+        self.offload_works = not isinstance(self.job.actor.engine, LocalEngine)  # for the out-of-memory advice
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
@@ -189,13 +196,21 @@ class PPOTrainer:
 
     def _validate(self) -> dict[str, float]:
         m: dict[str, float] = {}
-        with timed("testing", m, self.perf.timeline):
+        with self._stage("testing", m):
             m.update(
                 validate(self.job.val_loader, self.job.rollout, self.job.reward,
                          self.cfg.actor_rollout_ref.rollout, self.cfg.data.max_response_length)
             )
         m.update(spmd.reduce_metrics(self.perf.stage_metrics("testing")))
         return m
+
+    @contextmanager
+    def _stage(self, name: str, m: dict[str, float]) -> Iterator[None]:
+        """A timed stage (``timing_s/<name>`` in ``m``, and the rank's timeline) whose CUDA
+        out-of-memory error becomes one message naming the stage and the keys to change
+        (:func:`rlforge.trainer.oom.oom_guard`)."""
+        with timed(name, m, self.perf.timeline), oom_guard(name, self.cfg, self.offload_works):
+            yield
 
     def _sampling(self) -> SamplingParams:
         r = self.cfg.actor_rollout_ref.rollout
@@ -221,32 +236,31 @@ class PPOTrainer:
         arr = cfg.actor_rollout_ref
         temperature = float(arr.rollout.temperature)
         m: dict[str, float] = {}
-        tl = self.perf.timeline
-        with timed("step", m, tl):
+        with self._stage("step", m):
             batch = self._collect(m)
             if cfg.trainer.balance_batch:
                 batch = self._balance(batch, m)
             updates_actor = self.global_step > cfg.trainer.critic_warmup
             on_policy = self.skip_old_log_prob and updates_actor
             if not on_policy:
-                with timed("old_log_prob", m, tl):
+                with self._stage("old_log_prob", m):
                     out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                     batch["old_log_probs"] = out["log_probs"]
                     m.update(self._old_log_prob_metrics(batch, out))
             if job.ref is not None:
-                with timed("ref", m, tl):
+                with self._stage("ref", m):
                     batch["ref_log_prob"] = job.ref.compute_log_prob(batch, temperature)["log_probs"]
             if job.critic is not None:
-                with timed("values", m, tl):
+                with self._stage("values", m):
                     batch["values"] = job.critic.compute_values(batch)
-            with timed("adv", m, tl):
+            with self._stage("adv", m):
                 self._advantages(batch, m)
             if job.critic is not None:
-                with timed("update_critic", m, tl):
+                with self._stage("update_critic", m):
                     m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
                     job.critic.engine.lr_scheduler_step()
             if updates_actor:
-                with timed("update_actor", m, tl):
+                with self._stage("update_actor", m):
                     m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature, on_policy).items()})
                     job.actor.engine.lr_scheduler_step()
                     if on_policy:  # the update's forward gave the old log-probs
@@ -267,6 +281,9 @@ class PPOTrainer:
             m, batch["attention_mask"].sum(-1).tolist(), job.actor_lm.config,
             job.critic.engine.module.config if job.critic is not None else None,
             arr.actor.ppo_epochs, cfg.critic.ppo_epochs, self.peak_flops,
+            recompute=bool(arr.model.enable_gradient_checkpointing),
+            head_tokens=float(batch["response_mask"].sum()) if job.actor.head_chunk_size > 0 else None,
+            head_recompute=job.actor.head_chunk_size > 0,
         ))
         for key, values in batch.non_tensor.items():
             if key.startswith("reward_extra/"):
@@ -294,18 +311,17 @@ class PPOTrainer:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
         ``reward`` for the next batch of prompts."""
         job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
-        tl = self.perf.timeline
         prompts = spmd.shard(job.train_loader.next_batch())
         prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        with timed("gen", m, tl):
+        with self._stage("gen", m):
             batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
         m.update(job.rollout.metrics())
         if getattr(self.adv_fn, "needs_reward_baselines", False):
-            with timed("gen_max", m, tl):
+            with self._stage("gen_max", m):
                 greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))
                 baseline = job.reward.score(greedy).scores
             batch["reward_baselines"] = baseline.repeat_interleave(n)
-        with timed("reward", m, tl):
+        with self._stage("reward", m):
             rw = job.reward.score(batch)
             batch["token_level_scores"] = rw.token_level_scores
             for k, v in rw.extra.items():
