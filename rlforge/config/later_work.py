@@ -1,9 +1,10 @@
 """The one table of keys that are accepted (verl compatibility) but not effective in this build.
 
-This build trains and generates in one process (rlforge's ``native`` rollout or ``hf``).  A verl
-command line may set vLLM, Megatron, FSDP-sharding or multi-node keys; they are accepted and reported here
-with one warning line each, only when set to a value that would matter.  When a feature lands,
-delete its row.
+This build generates in the training process (rlforge's ``native`` rollout or ``hf``).  A verl
+command line may set vLLM, Megatron-LM, LoRA, Ray or profiler keys, or keys of the backend not
+chosen; they are accepted and reported here with one warning line each, only when set to a value
+that would matter.  When a feature lands, delete its row.  ``tests/config/test_no_silent_keys.py``
+checks that every key of the schema is either read by a run or warned about here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.config.common import MegatronConfig
+from rlforge.config.actor import ActorConfig, ModelConfig
+from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig
+from rlforge.config.critic import CriticModelConfig
+from rlforge.config.rollout import RolloutConfig
+from rlforge.config.trainer import TrainerConfig
 from rlforge.errors import ConfigError
 
 SUPPORTED_LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
@@ -71,7 +76,113 @@ def _megatron_rows(node: str, strategy_key: str) -> list[LaterWork]:
     return rows
 
 
+def _default(cls: type, name: str) -> Any:
+    """The schema default of field ``name`` of dataclass ``cls`` (defaults live only there)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _unless_default(node: str, cls: type, names: tuple[str, ...], message: str) -> list[LaterWork]:
+    """One row per field ``names`` of ``cls`` at ``node``, warning whenever it differs from its default."""
+    return [LaterWork(f"{node}.{n}", lambda v, d=_default(cls, n): v != d, message) for n in names]
+
+
+def _follows(key: str, parent: str, message: str, matters: Callable[[Any], bool] = lambda v: v[0] != v[1]) -> LaterWork:
+    """A key whose default is ``${parent}`` and whose own value is not read (``parent``'s is):
+    warn when the two differ; ``{value[0]}`` is the key's value, ``{value[1]}`` the parent's."""
+    return LaterWork(key, matters, message, lambda c: (get_key(c, key), get_key(c, parent)))
+
+
+_FSDP_REFUSED_UNDER_MEGATRON = ("param_offload", "optimizer_offload", "offload_policy", "model_dtype", "mixed_precision")
+"""``fsdp_config`` fields that :mod:`rlforge.config.precision` refuses under ``strategy=megatron``
+(naming the ``megatron.*`` key to set instead), so they need no row here."""
+
+_FSDP_FIELDS = ("wrap_policy.min_num_params", *(f.name for f in dataclasses.fields(FSDPConfig)
+                                               if f.name not in ("wrap_policy", *_FSDP_REFUSED_UNDER_MEGATRON)))
+
+
+def _fsdp_rows(node: str, strategy_key: str) -> list[LaterWork]:
+    """The ``fsdp_config`` block at ``node``: ignored by ``strategy=megatron`` (which reads the
+    ``megatron`` block); ``wrap_policy.min_num_params`` is FSDP1's (FSDP2 shards per decoder layer)."""
+    rows: list[LaterWork] = []
+    for name in _FSDP_FIELDS:
+        d = FSDPConfig()
+        for part in name.split("."):
+            d = getattr(d, part)
+        key = f"{node}.{name}"
+        fsdp1_only = name == "wrap_policy.min_num_params"
+        rows.append(LaterWork(
+            key, lambda v, d=d, only=fsdp1_only: v[1] != d and (v[0] == "megatron" or (only and v[0] == "fsdp2")),
+            "{key}={value[1]} does not apply with " + strategy_key + "={value[0]} ("
+            + ("FSDP1's size-based wrapping; FSDP2 and megatron shard per decoder layer" if fsdp1_only
+               else "strategy=megatron reads the role's megatron block") + "); ignored",
+            lambda c, k=key: (get_key(c, strategy_key), get_key(c, k))))
+    return rows
+
+
+_LORA = "{key}={value}: LoRA is not available in this build yet; training all parameters (full fine-tuning)"
+
+
+def _model_rows(node: str, cls: type, role: str) -> list[LaterWork]:
+    """LoRA and loading keys of the model block at ``node`` (``cls``); ``role`` names it in messages."""
+    lora = tuple(n for n in ("lora_alpha", "target_modules", "exclude_modules") if n in {f.name for f in dataclasses.fields(cls)})
+    return [
+        LaterWork(f"{node}.lora_rank", lambda v: v > 0, _LORA),
+        *_unless_default(node, cls, lora, "{key}={value}: LoRA is not available in this build yet (lora_rank); ignored"),
+        LaterWork(f"{node}.use_shm", lambda v: v is True, "{key}=True: the " + role + " weights are read straight from "
+                  "their files; ignored"),
+    ]
+
+
+def _optim_rows(node: str) -> list[LaterWork]:
+    return [
+        LaterWork(f"{node}.total_training_steps", lambda v: v != -1,
+                  "{key}={value}: the LR schedule spans the run's steps (trainer.total_training_steps, else "
+                  "trainer.total_epochs x batches per epoch); ignored"),
+        *_unless_default(node, OptimConfig, ("optimizer", "optimizer_impl"),
+                         "{key}={value}: only torch.optim.AdamW is available in this build; using AdamW"),
+        LaterWork(f"{node}.override_optimizer_config", lambda v: bool(v),
+                  "{key}={value}: extra optimizer arguments are not passed in this build; using AdamW(lr, betas, "
+                  "weight_decay)"),
+    ]
+
+
+def _checkpoint_rows(node: str, everything: bool) -> list[LaterWork]:
+    """``everything``: the role's checkpoint always holds all parts (the critic); else only
+    ``hf_model`` is optional (the actor)."""
+    parts = _default(CheckpointConfig, "save_contents")
+    save = (LaterWork(f"{node}.save_contents", lambda v, d=parts: v != d,
+                      "{key}={value}: the critic's checkpoint always holds model, optimizer and extra; ignored")
+            if everything else
+            LaterWork(f"{node}.save_contents", lambda v, d=parts: not set(d) <= set(v),
+                      "{key}={value}: a checkpoint always holds model, optimizer and extra (scheduler, RNG) in this "
+                      "build; only hf_model is optional; saving all of them"))
+    return [
+        save,
+        _follows(f"{node}.load_contents", f"{node}.save_contents",
+                 "{key}={value[0]}: resuming restores every part the checkpoint holds; ignored"),
+        LaterWork(f"{node}.async_save", lambda v: v is True, "{key}=True: rlforge saves checkpoints synchronously; ignored"),
+    ]
+
+
+_VERL_PROFILER = ("{key}={value}: verl's profiler settings are not used; rlforge profiles with trainer.profile and "
+                  "trainer.profile_steps; ignored")
+_ENTROPY = ("{key}=True is not implemented; actor_rollout_ref.model.use_fused_kernels=true (the default) computes "
+            "entropy chunk by chunk in the LM head and recomputes each chunk in backward; ignored")
+_NATIVE_ONLY = ("ignore_eos", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "free_cache_engine",
+                "cudagraph_capture_sizes")
+"""``rollout.*`` fields that only the native engine reads (``hf`` runs transformers' ``generate``)."""
+
+
+def _native_only_rows(node: str) -> list[LaterWork]:
+    return [LaterWork(f"{node}.{n}", lambda v, d=_default(RolloutConfig, n): v[0] == "hf" and v[1] != d,
+                      "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",
+                      lambda c, k=f"{node}.{n}": (get_key(c, f"{node}.name"), get_key(c, k)))
+            for n in _NATIVE_ONLY]
+
+
 _ARR = "actor_rollout_ref"
+_NO_DUMP = "{key}={value}: dumping generations is not available in this build yet; ignored"
 
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
@@ -123,8 +234,103 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.model.fused_kernel_options.impl_backend", lambda v: v == "triton",
               "{key}={value}: this build has only the plain-torch chunked head; using torch"),
     *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),
-    *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.ref.strategy"),
+    *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.actor.strategy"),  # the reference runs on the actor's engine
     *_megatron_rows("critic.megatron", "critic.strategy"),
+    *_fsdp_rows(f"{_ARR}.actor.fsdp_config", f"{_ARR}.actor.strategy"),
+    *_fsdp_rows(f"{_ARR}.ref.fsdp_config", f"{_ARR}.actor.strategy"),
+    *_fsdp_rows("critic.model.fsdp_config", "critic.strategy"),
+    LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
+              "{key}=True: the reference policy has no optimizer; ignored"),
+    # model
+    *_model_rows(f"{_ARR}.model", ModelConfig, "policy's"),
+    *_model_rows("critic.model", CriticModelConfig, "critic's"),
+    LaterWork(f"{_ARR}.model.custom_chat_template", lambda v: v is not None,
+              "{key} is not applied in this build yet; prompts use the tokenizer's own chat template"),
+    LaterWork(f"{_ARR}.model.external_lib", lambda v: v is not None,
+              "{key}={value} is not imported in this build yet; only architectures that transformers ships load"),
+    LaterWork(f"{_ARR}.model.trust_remote_code", lambda v: v is True,
+              "{key}=True: model code from the repository is not run in this build; only architectures that "
+              "transformers ships load"),
+    _follows("critic.model.external_lib", f"{_ARR}.model.external_lib",
+             "{key}={value[0]} is not imported in this build yet; only architectures that transformers ships load",
+             lambda v: v[0] is not None and v[0] != v[1]),
+    _follows("critic.model.trust_remote_code", f"{_ARR}.model.trust_remote_code",
+             "{key}={value[0]}: model code from the repository is not run in this build; only architectures that "
+             "transformers ships load", lambda v: v[0] is True and v[1] is not True),
+    _follows("critic.model.tokenizer_path", f"{_ARR}.model.path",
+             "{key}={value[0]}: the critic reads the policy's tokens, from the tokenizer of actor_rollout_ref.model; "
+             "ignored"),
+    # actor and reference
+    LaterWork(f"{_ARR}.actor.clip_ratio", lambda v, d=_default(ActorConfig, "clip_ratio"): v != d,
+              "{key}={value}: the clip range is actor_rollout_ref.actor.clip_ratio_low / clip_ratio_high (each 0.2 by "
+              "default, as in verl); set those; ignored"),
+    _follows(f"{_ARR}.actor.use_remove_padding", f"{_ARR}.model.use_remove_padding",
+             "{key}={value[0]}: padding removal follows actor_rollout_ref.model.use_remove_padding={value[1]} for the "
+             "actor, the reference and the old log-probs; set that key; ignored"),
+    LaterWork(f"{_ARR}.actor.shuffle", lambda v: v is True,
+              "{key}=True: mini-batches are taken in the rollout batch's order in this build; ignored"),
+    _follows("critic.shuffle", f"{_ARR}.actor.shuffle",
+             "{key}=True: mini-batches are taken in the rollout batch's order in this build; ignored",
+             lambda v: v[0] is True and v[1] is not True),
+    *(LaterWork(f"{_ARR}.{role}.{n}", lambda v: v is True, _ENTROPY)
+      for role in ("actor", "ref") for n in ("entropy_from_logits_with_chunking", "entropy_checkpointing")),
+    _follows(f"{_ARR}.ref.strategy", f"{_ARR}.actor.strategy",
+             "{key}={value[0]}: the reference runs on actor_rollout_ref.actor.strategy={value[1]}'s engine; ignored"),
+    _follows(f"{_ARR}.ref.ulysses_sequence_parallel_size", f"{_ARR}.actor.ulysses_sequence_parallel_size",
+             _NOT_HERE.replace("{value}", "{value[0]}"), lambda v: v[0] > 1 and v[0] != v[1]),
+    LaterWork(f"{_ARR}.ref.model", lambda v: v is not None,
+              "{key}={value}: a separate reference model is not available in this build; the reference is the "
+              "policy's initial weights (actor_rollout_ref.model); ignored"),
+    *_optim_rows(f"{_ARR}.actor.optim"),
+    *_optim_rows("critic.optim"),
+    *_checkpoint_rows(f"{_ARR}.actor.checkpoint", everything=False),
+    *_checkpoint_rows("critic.checkpoint", everything=True),
+    *(LaterWork(f"{node}.profiler", lambda v: bool(v), _VERL_PROFILER)
+      for node in (f"{_ARR}.actor", f"{_ARR}.ref", f"{_ARR}.rollout", "critic")),
+    # rollout
+    *_native_only_rows(f"{_ARR}.rollout"),
+    LaterWork(f"{_ARR}.rollout.mode", lambda v, d=_default(RolloutConfig, "mode"): v != d,
+              "{key}={value}: the rollout runs inside the training process (no server); ignored"),
+    LaterWork(f"{_ARR}.rollout.load_format", lambda v, d=_default(RolloutConfig, "load_format"): v != d,
+              "{key}={value}: vLLM's weight loading; the native and hf rollouts use the policy's weights; ignored"),
+    LaterWork(f"{_ARR}.rollout.layered_summon", lambda v: v is True,
+              "{key}=True: the rollout's weights are refreshed one tensor at a time already; ignored"),
+    LaterWork(f"{_ARR}.rollout.update_weights_bucket_megabytes",
+              lambda v, d=_default(RolloutConfig, "update_weights_bucket_megabytes"): v != d,
+              "{key}={value}: the rollout's weights are refreshed in place one tensor at a time (no buckets); ignored"),
+    LaterWork(f"{_ARR}.rollout.max_model_len", lambda v: v is not None,
+              "{key}={value}: sequences are data.max_prompt_length + data.max_response_length tokens at most; "
+              "checked against that, otherwise ignored"),
+    LaterWork(f"{_ARR}.rollout.disable_log_stats", lambda v: v is False,
+              "{key}=False: the native engine reports its statistics as rollout/* metrics every step; ignored"),
+    LaterWork(f"{_ARR}.rollout.engine_kwargs", lambda v: bool(v),
+              "{key}={value}: vLLM/SGLang engine arguments are not used by the native or hf rollout; ignored",
+              lambda c: {k: v for k, v in c.actor_rollout_ref.rollout.engine_kwargs.items() if v}),
+    LaterWork(f"{_ARR}.rollout.agent", lambda v: bool(v), _NOT_HERE),
+    LaterWork(f"{_ARR}.rollout.trace", lambda v: bool(v), _NOT_HERE),
+    LaterWork(f"{_ARR}.rollout.skip_rollout", lambda v: v is True,
+              "{key}=True: replaying dumped rollouts is not available in this build; generating"),
+    LaterWork(f"{_ARR}.rollout.skip_dump_dir", lambda v, d=_default(RolloutConfig, "skip_dump_dir"): v != d,
+              "{key}={value}: dumped rollouts are not replayed in this build (rollout.skip_rollout); ignored"),
+    # critic
+    _follows("critic.rollout_n", f"{_ARR}.rollout.n",
+             "{key}={value[0]}: the critic sees actor_rollout_ref.rollout.n={value[1]} responses per prompt; ignored"),
+    # trainer
+    LaterWork("trainer.log_val_generations", lambda v: v > 0,
+              "{key}={value}: validation samples are not logged in this build yet; only their scores are"),
+    LaterWork("trainer.rollout_data_dir", lambda v: v is not None, _NO_DUMP),
+    LaterWork("trainer.validation_data_dir", lambda v: v is not None, _NO_DUMP),
+    LaterWork("trainer.esi_redundant_time", lambda v: v != 0,
+              "{key}={value}: no preemption notice is watched in this build; ignored"),
+    LaterWork("trainer.default_hdfs_dir", lambda v: v is not None,
+              "{key}={value}: checkpoints are not copied to remote storage in this build; ignored"),
+    LaterWork("trainer.del_local_ckpt_after_load", lambda v: v is True,
+              "{key}=True: the checkpoint is kept after resuming from it; ignored"),
+    _follows("trainer.max_critic_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep",
+             "{key}={value[0]}: one global_step folder holds actor and critic, and trainer.max_actor_ckpt_to_keep="
+             "{value[1]} decides how many are kept; ignored", lambda v: v[0] is not None and v[0] != v[1]),
+    *_unless_default("trainer", TrainerConfig, ("ray_wait_register_center_timeout", "use_legacy_worker_impl"),
+                     "{key}={value}: a verl (Ray worker) setting; rlforge has no Ray workers; ignored"),
 )
 """Every accepted-but-not-effective key; the only place this list lives."""
 
