@@ -39,11 +39,12 @@ from rlforge.algorithms import (
     build_kl_controller,
 )
 from rlforge.batch import Batch
+from rlforge.config import format_config
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.engine.local import LocalEngine
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.perf.flops import device_peak_flops
-from rlforge.perf.memory import memory_metrics
+from rlforge.perf.memory import StageMemory, memory_metrics
 from rlforge.perf.monitor import PerfMonitor
 from rlforge.perf.timer import timed
 from rlforge.rollout import SamplingParams
@@ -107,6 +108,7 @@ class PPOTrainer:
         self._resume()
         if self.global_step == 0 and self.rank == 0:
             rotate_metrics_file(Path(self.out_dir))
+        self.stage_memory = StageMemory()
         self.perf = PerfMonitor.from_config(cfg.trainer, self.rank, self.job.device, self.out_dir)
         self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir, cfg.trainer.project_name,
                                 cfg.trainer.experiment_name, _config_dict(cfg) if self.rank == 0 else None)
@@ -139,7 +141,8 @@ class PPOTrainer:
         }
         if self.rank == 0:
             ckpt.save_checkpoint(
-                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports()
+                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports(),
+                config=format_config(self.cfg),  # what `rlforge export` rebuilds the model from
             )
         spmd.barrier()
 
@@ -209,7 +212,8 @@ class PPOTrainer:
         """A timed stage (``timing_s/<name>`` in ``m``, and the rank's timeline) whose CUDA
         out-of-memory error becomes one message naming the stage and the keys to change
         (:func:`rlforge.trainer.oom.oom_guard`)."""
-        with timed(name, m, self.perf.timeline), oom_guard(name, self.cfg, self.offload_works):
+        with timed(name, m, self.perf.timeline), self.stage_memory.track(name, m), \
+                oom_guard(name, self.cfg, self.offload_works):
             yield
 
     def _sampling(self) -> SamplingParams:
@@ -276,7 +280,7 @@ class PPOTrainer:
                 job.sync_rollout()
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
-        m.update(memory_metrics())
+        m.update(memory_metrics(stages=self.stage_memory))
         m.update(mfu_metrics(
             m, batch["attention_mask"].sum(-1).tolist(), job.actor_lm.config,
             job.critic.engine.module.config if job.critic is not None else None,
