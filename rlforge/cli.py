@@ -1,13 +1,16 @@
 """``rlforge`` command line: thin parsing and dispatch.
 
-    rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value ...]
+    rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value | --key=value ...]
     rlforge data gsm8k --src DIR --out DIR
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
-(``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  A user mistake prints
-one ``rlforge: error: ...`` line and exits with status 2.
+(``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  An override may also be
+written as a flag, as verl's tuning guide does (``--a.b=value``, ``--a.b value``:
+:mod:`rlforge.cli_args`).  A user mistake prints one ``rlforge: error: ...`` line and exits
+with status 2.  A run prints one start line and, at the end, a summary
+(:mod:`rlforge.trainer.summary`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 
@@ -58,8 +62,10 @@ def _milliseconds(value: str) -> float:
     return ms
 
 
-def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool) -> int:
-    """Load, validate and run (or print) a training job; returns the exit status."""
+def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool,
+              started: float | None = None) -> int:
+    """Load, validate and run (or print) a training job; returns the exit status.  ``started``
+    (``time.time()`` at the command's start; default now) starts the summary's elapsed time."""
     from rlforge.config import effective_loggers, format_config, load_config, validate_config
 
     cfg = load_config(list(overrides), config_file=config_file, job=job)
@@ -69,14 +75,20 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
         _print(format_config(cfg))
         return 0
     from rlforge.launch import maybe_launch
+    from rlforge.trainer.summary import announce_start, launching, print_summary
 
+    started = announce_start(cfg, time.time() if started is None else started)
     argv = ["--job", job or "none", *(["--config", config_file] if config_file else []), *overrides]
-    launched = maybe_launch(cfg, argv)
+    with launching(started):
+        launched = maybe_launch(cfg, argv)
     if launched is not None:
         return launched
     from rlforge.trainer.ppo_trainer import PPOTrainer
 
-    PPOTrainer(cfg, effective_loggers(cfg)).fit()
+    loggers = effective_loggers(cfg)
+    trainer = PPOTrainer(cfg, loggers)
+    trainer.fit()
+    print_summary(cfg, loggers, started, trainer)
     return 0
 
 
@@ -84,11 +96,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlforge", description="RL post-training of LLMs (verl-compatible config).")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run an RL training job", description="Run an RL training job. "
-                       "Overrides use verl's keys: a.b.c=value, +a.b=value, trainer.logger=[console,file].")
+                       "Overrides use verl's keys: a.b.c=value (or --a.b.c=value, --a.b.c value), +a.b=value, "
+                       "trainer.logger=[console,file].")
     t.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
     t.add_argument("--job", default="default", help="embedded job to start from ('none' = verl defaults only)")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    t.add_argument("overrides", nargs="*", help="key=value overrides")
+    t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
     d = sub.add_parser("data", help="prepare datasets")
     dsub = d.add_subparsers(dest="dataset", required=True)
     g = dsub.add_parser("gsm8k", help="convert the official GSM8K jsonl files to verl-format parquet")
@@ -114,10 +127,22 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlforge`` console script."""
+    from rlforge.cli_args import UsageError, article_overrides, unknown_flag_message
+
+    started = time.time()
     parser = _build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-    if getattr(args, "command", None) == "train" and all("=" in x and not x.startswith("-") for x in extra):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["train"]:  # `--a.b=value` / `--a.b value` -> `a.b=value`
+            argv = ["train", *article_overrides(argv[1:])]
+        args, extra = parser.parse_known_args(argv)
+        # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
+        if args.command == "train" and extra and not all("=" in x and not x.startswith("-") for x in extra):
+            raise UsageError(unknown_flag_message(extra))
+    except UsageError as e:
+        print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if args.command == "train":
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -127,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             job = None if args.job in ("none", "") else args.job
-            return run_train(args.overrides, args.config_file, job, args.print_config)
+            return run_train(args.overrides, args.config_file, job, args.print_config, started)
         if args.command == "data":
             from rlforge.data import convert_gsm8k
 

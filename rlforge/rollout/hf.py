@@ -8,11 +8,12 @@ exact, not fast (``rollout.name=native``, rlforge's own engine, is the fast one)
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from rlforge.batch import Batch
 from rlforge.errors import RLForgeError
+from rlforge.progress import progress_bar
 from rlforge.rollout.base import ROLLOUTS, Rollout, SamplingParams, assemble
 
 
@@ -37,7 +38,7 @@ class HFRollout(Rollout):
         pad_id: the tokenizer's pad id.
         device: where the module lives.
         autocast_dtype: dtype for ``torch.autocast`` on CUDA (None = off).
-        progress: show a per-token progress bar.
+        progress: show a per-token progress bar (on a terminal only).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class HFRollout(Rollout):
         chunk = self.micro_batch_size or len(prompts)
         outs: list[torch.Tensor] = []
         chunks = prompts.split(chunk)
-        bar = tqdm(
+        bar = progress_bar(
             total=params.max_new_tokens * len(chunks), desc="gen", unit="tok", leave=False,
             disable=not self.progress,
         )

@@ -80,12 +80,17 @@ class Tracking:
         default_local_dir: the run directory.
         project, experiment: ``trainer.project_name`` and ``trainer.experiment_name``.
         config: the resolved config as plain containers, for loggers that record it.
+
+    It also keeps the run's first and last validation (``val-core/*`` metrics with their step)
+    for the summary at the end of ``rlforge train``: ``first_validation``, ``last_validation``.
     """
 
     def __init__(self, loggers: list[str], default_local_dir: str | Path, project: str = "rlforge",
                  experiment: str = "default", config: dict[str, Any] | None = None) -> None:
         run = RunInfo(Path(default_local_dir), project, experiment, config or {})
         self._loggers: list[Logger] = []
+        self.first_validation: tuple[int, dict[str, float]] | None = None
+        self.last_validation: tuple[int, dict[str, float]] | None = None
         try:
             for name in loggers:
                 self._loggers.append(LOGGERS.get(name)(run))
@@ -94,6 +99,10 @@ class Tracking:
             raise
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+        if val:
+            self.last_validation = (step, val)
+            self.first_validation = self.first_validation or self.last_validation
         for lg in self._loggers:
             lg.log(metrics, step)
 

@@ -141,29 +141,33 @@ class PPOTrainer:
         }
         if self.rank == 0:
             ckpt.save_checkpoint(
-                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep, self._exports(),
+                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep,
+                self._exports(parts["actor"]["model"]),
                 config=format_config(self.cfg),  # what `rlforge export` rebuilds the model from
             )
         spmd.barrier()
 
-    def _exports(self) -> dict[str, Any]:
+    def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
         (``actor/huggingface``) with the tokenizer; FlowRL's log Z head only when
-        ``policy_loss.flowrl.export_log_z`` asks for it."""
+        ``policy_loss.flowrl.export_log_z`` asks for it.  The weights come from the engine's full
+        (gathered, CPU, master-dtype) ``model_state``, not from the rollout's compute-dtype copy."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         if "hf_model" not in actor_cfg.checkpoint.save_contents:
             return {}
         lm, tok = self.job.actor_lm, self.job.tokenizer
-        head = getattr(self.job.actor.engine.module, "log_z_head", None)
-        export_head = head is not None and actor_cfg.policy_loss.flowrl.export_log_z
+        wrapped = any(k.startswith("log_z_head.") for k in model_state)  # PolicyWithLogZ: lm.* and log_z_head.*
+        lm_state = {k[3:]: v for k, v in model_state.items() if k.startswith("lm.")} if wrapped else model_state
+        head = {k[len("log_z_head."):]: v for k, v in model_state.items() if k.startswith("log_z_head.")}
+        export_head = bool(head) and actor_cfg.policy_loss.flowrl.export_log_z
 
         def write(folder: Path) -> None:
-            lm.save_pretrained(folder)
+            lm.save_pretrained(folder, state_dict=lm_state)
             tok.save_pretrained(folder)
             if export_head:
                 from safetensors.torch import save_file
 
-                save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
+                save_file({k: v.detach().cpu().contiguous() for k, v in head.items()},
                           str(folder / "log_z_head.safetensors"))
 
         return {"actor/huggingface": write}

@@ -57,6 +57,8 @@ NOT_CONSUMING: tuple[tuple[str, str], ...] = (
     ("rlforge/config/later_work.py", "later_work_warnings"),
     ("rlforge/config/format.py", "format_config"),
     ("rlforge/trainer/ppo_trainer.py", "_config_dict"),
+    ("rlforge/trainer/summary.py", "start_line"),  # the run's first line and its summary only print keys
+    ("rlforge/trainer/summary.py", "end_lines"),
 )
 """``(file, function)``: reads made inside these (and inside everything they call) check, print or
 dump the config, so they do not make a key effective."""

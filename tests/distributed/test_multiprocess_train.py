@@ -47,6 +47,10 @@ def test_two_process_training_then_single_process_resume(tmp_path, strategy):
     assert [r["step"] for r in rows] == [1, 2]  # rank 0 logs, once per step
     assert all(r["actor/grad_norm"] > 0 for r in rows)  # continuous rewards: the policy moves
     assert (tmp_path / "global_step_2" / "actor" / "state.pt").exists()
+    # one start line (the user's process) and one summary (rank 0), the start time shared
+    assert res.stdout.count("rlforge train: start |") == 1 and "device cpu x 2 processes" in res.stdout
+    assert res.stdout.count("rlforge train: done in ") == 1, res.stdout
+    assert f"| model {tmp_path / 'global_step_2'}" in res.stdout
     # resume the 2-process checkpoint in one process (local engine)
     res = rlforge("trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from rlforge.batch import Batch
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.progress import progress_bar
 from rlforge.rollout.base import ROLLOUTS, Rollout, SamplingParams, assemble
 from rlforge.rollout.native.block_manager import BlockManager, BlockManagerStats
 from rlforge.rollout.native.cuda_graph import DecodeGraphs, capture_sizes, weights_key
@@ -264,8 +264,8 @@ class NativeRollout(Rollout):
             sched = Scheduler(self.scheduler_config, bm, eos)
             for s in seqs:
                 sched.add(s)
-            bar = tqdm(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
-                       disable=not self.progress)
+            bar = progress_bar(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
+                               disable=not self.progress)
             steps = sampled = decode_steps = 0
             mixed_s = decode_s = 0.0  # wall time of mixed (prefill) steps and of decode bursts
             t1 = time.perf_counter()

@@ -1,0 +1,141 @@
+"""The first and last lines of an ``rlforge train`` run.
+
+    rlforge train: start | model preset:tiny | task builtin:arithmetic | algorithm grpo | 2 steps | device cpu | output DIR
+    ... one line per step ...
+    rlforge train: done in 41.2 s at step 2 | val-core/arithmetic/reward/mean@1 0.125 (step 0) -> 0.25 (step 2)
+    rlforge train: metrics DIR/metrics.jsonl | model DIR/global_step_2
+
+The start line is printed before anything slow (model loading), by the process that the user
+started; the summary by rank 0 after the last step.  A launched run's workers inherit
+:data:`START_ENV` (the start time), so rank 0 measures from the user's start and does not
+repeat the start line.  The elapsed time counts from the command's start (imports included).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+START_ENV = "RLFORGE_RUN_START"
+"""Environment variable: the run's start time (``time.time()``), set once the start line is printed."""
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _steps(cfg: Any) -> str:
+    t = cfg.trainer
+    if t.total_training_steps is not None:
+        return _plural(int(t.total_training_steps), "step")
+    return f"{_plural(int(t.total_epochs), 'epoch')} (trainer.total_epochs)"
+
+
+def _files(value: Any) -> str:
+    if value is None:
+        return "none"
+    return value if isinstance(value, str) else ",".join(str(v) for v in value)
+
+
+def start_line(cfg: Any, device: str) -> str:
+    """One line naming the model, the task, the length, the device and the output folder."""
+    t = cfg.trainer
+    procs = int(t.nnodes) * int(t.n_gpus_per_node)
+    where = device if procs <= 1 else f"{device} x {procs} processes"
+    return (f"rlforge train: start | model {cfg.actor_rollout_ref.model.path} | task {_files(cfg.data.train_files)} "
+            f"| algorithm {cfg.algorithm.adv_estimator} | {_steps(cfg)} | device {where} "
+            f"| output {t.default_local_dir}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _validation(first: tuple[int, dict[str, float]] | None, last: tuple[int, dict[str, float]] | None) -> str:
+    if first is None or last is None:
+        return "no validation"
+    parts = []
+    for key in sorted(last[1]):
+        if key in first[1] and first[0] != last[0]:
+            parts.append(f"{key} {first[1][key]:.4g} (step {first[0]}) -> {last[1][key]:.4g} (step {last[0]})")
+        else:
+            parts.append(f"{key} {last[1][key]:.4g} (step {last[0]})")
+    return " | ".join(parts)
+
+
+def _metrics_where(loggers: list[str], out_dir: Path) -> str:
+    where = {
+        "file": str(out_dir / "metrics.jsonl"),
+        "tensorboard": str(out_dir / "tensorboard"),
+        "wandb": str(out_dir / "wandb"),
+        "mlflow": os.environ.get("MLFLOW_TRACKING_URI") or str(out_dir / "mlruns"),
+    }
+    shown = [where[name] for name in loggers if name in where]
+    return ", ".join(shown) if shown else "console only (trainer.logger=[console,file] writes metrics.jsonl)"
+
+
+def _model_where(cfg: Any, out_dir: Path, step: int) -> str:
+    folder = out_dir / f"global_step_{step}"
+    if not folder.is_dir():
+        return f"not saved (trainer.save_freq={cfg.trainer.save_freq})"
+    hf = folder / "actor" / "huggingface"
+    return f"{folder} (Hugging Face folder: {hf})" if hf.is_dir() else str(folder)
+
+
+def end_lines(cfg: Any, loggers: list[str], elapsed_s: float, step: int,
+              first_val: tuple[int, dict[str, float]] | None,
+              last_val: tuple[int, dict[str, float]] | None) -> list[str]:
+    """The summary: elapsed time, first and last validation scores, where the metrics and the model are."""
+    out_dir = Path(cfg.trainer.default_local_dir)
+    return [
+        f"rlforge train: done in {_duration(elapsed_s)} at step {step} | "
+        f"{_validation(first_val, last_val)}",
+        f"rlforge train: metrics {_metrics_where(loggers, out_dir)} | model {_model_where(cfg, out_dir, step)}",
+    ]
+
+
+def announce_start(cfg: Any, started: float) -> float:
+    """Print the start line unless this is a worker that :func:`launching` started (then the
+    user's process printed it); return the run's start time (``time.time()``)."""
+    from rlforge.launch import under_launcher
+    from rlforge.trainer.build import pick_device
+
+    inherited = os.environ.get(START_ENV) if under_launcher() else None
+    if inherited:
+        return float(inherited)
+    if os.environ.get("RANK", "0") == "0":  # an external torchrun: rank 0 prints it
+        print(start_line(cfg, pick_device(cfg.trainer.device).type), flush=True)
+    return started
+
+
+@contextmanager
+def launching(started: float) -> Iterator[None]:
+    """While launching workers: they inherit the start time in :data:`START_ENV` (removed after,
+    so that a later run in this process starts afresh)."""
+    from rlforge.launch import under_launcher
+
+    if under_launcher():
+        yield
+        return
+    os.environ[START_ENV] = repr(started)
+    try:
+        yield
+    finally:
+        os.environ.pop(START_ENV, None)
+
+
+def print_summary(cfg: Any, loggers: list[str], started: float, trainer: Any) -> None:
+    """The summary lines of a finished :class:`~rlforge.trainer.ppo_trainer.PPOTrainer` run (rank 0)."""
+    if trainer.rank != 0:
+        return
+    tracker = trainer.tracker
+    for line in end_lines(cfg, loggers, time.time() - started, trainer.global_step,
+                          tracker.first_validation, tracker.last_validation):
+        print(line, flush=True)

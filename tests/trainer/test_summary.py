@@ -1,0 +1,58 @@
+"""The start line and the summary of ``rlforge train`` (rlforge.trainer.summary), the validation
+record they read (rlforge.tracking.Tracking), and progress bars off a terminal (rlforge.progress)."""
+
+from __future__ import annotations
+
+import io
+
+from rlforge.config import load_config
+from rlforge.progress import interactive, progress_bar
+from rlforge.tracking import Tracking
+from rlforge.trainer.summary import end_lines, start_line
+
+VAL = "val-core/rlforge/arithmetic/reward/mean@1"
+
+
+def test_tracking_keeps_first_and_last_validation(tmp_path):
+    tr = Tracking([], tmp_path)
+    tr.log({VAL: 0.125}, step=0)
+    tr.log({"critic/score/mean": 0.5}, step=1)
+    tr.log({"critic/score/mean": 0.5, VAL: 0.25}, step=2)
+    tr.log({"critic/score/mean": 0.7}, step=3)
+    assert tr.first_validation == (0, {VAL: 0.125}) and tr.last_validation == (2, {VAL: 0.25})
+
+
+def test_summary_lines(tmp_path):
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=2",
+                       "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"], job=None)
+    (tmp_path / "global_step_2" / "actor" / "huggingface").mkdir(parents=True)
+    done, where = end_lines(cfg, ["console", "file"], 125.0, 2, (0, {VAL: 0.125}), (2, {VAL: 0.25}))
+    assert done == f"rlforge train: done in 2 min 5 s at step 2 | {VAL} 0.125 (step 0) -> 0.25 (step 2)"
+    step = tmp_path / "global_step_2"
+    assert where == (f"rlforge train: metrics {tmp_path / 'metrics.jsonl'} | model {step} "
+                     f"(Hugging Face folder: {step / 'actor' / 'huggingface'})")
+    done, where = end_lines(cfg, ["console"], 3.21, 1, None, None)
+    assert done == "rlforge train: done in 3.2 s at step 1 | no validation"
+    assert "console only" in where and "model not saved (trainer.save_freq=2)" in where
+
+
+def test_start_line_names_model_task_steps_device_output(tmp_path):
+    cfg = load_config(["actor_rollout_ref.model.path=preset:tiny", "trainer.total_epochs=3",
+                       "data.train_files=[a.parquet,b.parquet]", f"trainer.default_local_dir={tmp_path}",
+                       "trainer.n_gpus_per_node=2"], job=None)
+    assert start_line(cfg, "cpu") == (f"rlforge train: start | model preset:tiny | task a.parquet,b.parquet | "
+                                      f"algorithm gae | 3 epochs (trainer.total_epochs) | device cpu x 2 processes "
+                                      f"| output {tmp_path}")
+
+
+def test_progress_bar_is_silent_off_a_terminal(monkeypatch):
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    monkeypatch.setattr("sys.stderr", err)
+    assert not interactive()
+    for _ in progress_bar(range(3), desc="x", file=err):
+        pass
+    bar = progress_bar(total=5, desc="gen", file=err)
+    bar.update(5)
+    bar.close()
+    assert err.getvalue() == ""
