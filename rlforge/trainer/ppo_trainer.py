@@ -120,6 +120,7 @@ class PPOTrainer:
         if path is None:
             return
         ckpt.restore(self.job.actor.engine, path, "actor", "actor_rollout_ref.model")
+        self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights
         if self.job.critic is not None:
             ckpt.restore(self.job.critic.engine, path, "critic", "critic.model")
         state = ckpt.load_part(path, "trainer_state")
