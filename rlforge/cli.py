@@ -4,6 +4,7 @@
     rlforge data gsm8k --src DIR --out DIR
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
+    rlforge export CHECKPOINT --out HF_DIR [--dtype D] [--model-path P] [--tokenizer-path P]
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
 (``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  An override may also be
@@ -122,6 +123,9 @@ def _build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--top", type=_count, metavar="K", default=15, help="kernels to show (default 15)")
     tr.add_argument("--min-gap-ms", type=_milliseconds, metavar="X", default=0.0,
                     help="ignore gaps shorter than X ms (default 0)")
+    from rlforge.trainer.export import add_export_parser
+
+    add_export_parser(sub)
     return p
 
 
@@ -171,8 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = write_report(args.run_dir, args.out)
             print(f"wrote {path} and its plots")
             return 0
+        if args.command == "export":
+            from rlforge.trainer.export import run_export
+
+            return run_export(args)
     except RLForgeError as e:
-        print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
+        from rlforge.launch import report_user_error
+
+        report_user_error(str(e))  # under a launcher: once, from rank 0
         return 2
     except KeyboardInterrupt:
         print("rlforge: interrupted", file=sys.stderr)

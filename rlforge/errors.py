@@ -26,6 +26,10 @@ class ModelError(RLForgeError, ValueError):
     """A model path or preset cannot be loaded."""
 
 
+class CheckpointError(RLForgeError, ValueError):
+    """A folder is not a (complete) rlforge checkpoint, or its weights do not fit its model."""
+
+
 class RewardError(RLForgeError, ValueError):
     """A reward function is missing, raises, or returns something that is not a number."""
 

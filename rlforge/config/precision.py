@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlforge.config.later_work import get_key
+from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 
 _ARR = "actor_rollout_ref"
@@ -130,7 +131,7 @@ def _several_micro_batches(cfg: Any, role: Role) -> str | None:
     if get_key(cfg, f"{node}.use_dynamic_bsz"):
         return f"{node}.use_dynamic_bsz=true packs each mini-batch into token-budget micro-batches"
     micro = get_key(cfg, f"{node}.ppo_micro_batch_size_per_gpu") or get_key(cfg, f"{node}.ppo_micro_batch_size")
-    world = max(1, int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node))
+    world = max(1, run_world(cfg).size)
     mini = int(get_key(cfg, f"{node}.ppo_mini_batch_size")) * int(cfg.actor_rollout_ref.rollout.n) // world
     if micro is not None and micro < mini:
         return (f"{node}.ppo_micro_batch_size_per_gpu={micro} splits each rank's mini-batch of {mini} sequences "

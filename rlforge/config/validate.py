@@ -19,6 +19,7 @@ from rlforge.config.later_work import effective_loggers, get_key, later_work_war
 from rlforge.config.precision import check_precision_and_offload
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.root import RLForgeConfig
+from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 from rlforge.trainer.on_policy import skips_old_log_prob
 
@@ -88,10 +89,10 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
     skips_old_log_prob(cfg)  # recompute_old_log_prob=False on a batch that is not on-policy
-    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    if world > 1 and cfg.data.train_batch_size % world:
-        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the {world} ranks "
-                          "(trainer.nnodes x trainer.n_gpus_per_node): each rank takes an equal share of the prompts, "
+    world = run_world(cfg)  # the launcher's WORLD_SIZE, else trainer.nnodes x trainer.n_gpus_per_node
+    if world.size > 1 and cfg.data.train_batch_size % world.size:
+        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the {world.size} "
+                          f"ranks ({world.source}): each rank takes an equal share of the prompts, "
                           "and the rest would be dropped every step")
     if not _DEVICE.match(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
@@ -103,7 +104,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         raise ConfigError(f"algorithm.adv_estimator=grpo_passk needs a second-best response per prompt; "
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
-    _check_megatron(cfg)
+    _check_megatron(cfg, world.size, world.source)
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
     return _warnings(cfg) + precision + _profile_step_warnings(cfg)
 
@@ -119,13 +120,13 @@ def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:
             f"trainer.total_training_steps={total} and will not be profiled"]
 
 
-def _check_megatron(cfg: RLForgeConfig) -> None:
+def _check_megatron(cfg: RLForgeConfig, world: int, source: str) -> None:
     """``strategy=megatron``: the parallel sizes of each such role must fit the launched world
-    (``trainer.nnodes * trainer.n_gpus_per_node``); the model-dependent checks run when the
+    (``world`` processes, counted from ``source``: the launcher's ``WORLD_SIZE``, else
+    ``trainer.nnodes * trainer.n_gpus_per_node``); the model-dependent checks run when the
     engine is built (:func:`rlforge.engine.megatron.mesh.check_model_fits`)."""
     from rlforge.engine.megatron.mesh import parallel_dims
 
-    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     arr = cfg.actor_rollout_ref
     blocks = []
     if arr.actor.strategy == "megatron":
@@ -133,6 +134,12 @@ def _check_megatron(cfg: RLForgeConfig) -> None:
     if uses_critic(cfg) and cfg.critic.strategy == "megatron":
         blocks.append(("critic.megatron", cfg.critic.megatron))
     for key, block in blocks:
+        tp, pp = int(block.tensor_model_parallel_size), int(block.pipeline_model_parallel_size)
+        if tp >= 1 and pp >= 1 and world % (tp * pp):  # sizes below 1: parallel_dims names the key
+            raise ConfigError(
+                f"{key}.tensor_model_parallel_size={tp} x {key}.pipeline_model_parallel_size={pp} = {tp * pp} does "
+                f"not divide the world size {world} ({source}); choose sizes whose product divides {world}"
+            )
         parallel_dims(block, max(world, 1), key)
 
 

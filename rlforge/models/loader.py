@@ -189,6 +189,20 @@ def _config_for(src: ModelSource, tokenizer: PreTrainedTokenizerBase, override: 
     return cfg
 
 
+def model_config(path: str, tokenizer: PreTrainedTokenizerBase, override_config: dict[str, Any] | None = None,
+                 key: str = "actor_rollout_ref.model.path") -> Any:
+    """The Hugging Face config :func:`load_causal_lm` builds its model from (``override_config``
+    applied), without loading any weights.
+
+    Raises:
+        ModelError: if the path cannot be resolved or its config read.
+    """
+    src = resolve_source(path, key)
+    override = dict(override_config or {})
+    with _as_model_error(key, path, "read a model config from"):
+        return _config_for(src, tokenizer, override)
+
+
 def load_causal_lm(
     path: str,
     tokenizer: PreTrainedTokenizerBase,

@@ -1,11 +1,14 @@
 """Checkpoints: ``<trainer.default_local_dir>/global_step_N``.
 
 A checkpoint holds, per trained role, the model weights, optimizer and LR-scheduler
-state (``actor/state.pt``, ``critic/state.pt``), plus ``trainer_state.pt``: global step,
+state (``actor/state.pt``, ``critic/state.pt``: ``{"model": HF-keyed full state dict,
+"optimizer", "scheduler"}`` whatever the engine), plus ``trainer_state.pt``: global step,
 data-loader position, KL-controller state and every RNG state (Python, NumPy, torch CPU
-and CUDA).  It is written into a temporary folder that is renamed into place only when
-complete, and ``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated
-last, so nothing half-written ever looks like a valid checkpoint.
+and CUDA), and ``config.yaml``: the run's resolved config, from which ``rlforge export``
+rebuilds the model and tokenizer (:mod:`rlforge.trainer.export`).  It is written into a
+temporary folder that is renamed into place only when complete, and
+``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated last, so nothing
+half-written ever looks like a valid checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 from rlforge.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"
+CONFIG_FILE = "config.yaml"
+"""The run's resolved config in each checkpoint (what ``rlforge export`` rebuilds the model from)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -45,13 +50,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(
     root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None,
-    exports: dict[str, Callable[[Path], None]] | None = None,
+    exports: dict[str, Callable[[Path], None]] | None = None, config: str | None = None,
 ) -> Path:
     """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically.
 
-    ``exports`` maps a sub-folder (e.g. ``actor/huggingface``) to a function that writes
-    into it; they run inside the temporary folder, so they are atomic too.  Returns the
-    checkpoint folder.  Older checkpoints beyond ``max_to_keep`` are removed.
+    ``config`` (the resolved config's YAML) is written as ``config.yaml``.  ``exports`` maps a
+    sub-folder (e.g. ``actor/huggingface``) to a function that writes into it; they run inside
+    the temporary folder, so they are atomic too.  Returns the checkpoint folder.  Older
+    checkpoints beyond ``max_to_keep`` are removed.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -67,6 +73,8 @@ def save_checkpoint(
             else:
                 (tmp / name).mkdir()
                 torch.save(state, tmp / name / "state.pt")
+        if config is not None:
+            (tmp / CONFIG_FILE).write_text(config)
         for sub, write in (exports or {}).items():
             (tmp / sub).mkdir(parents=True, exist_ok=True)
             write(tmp / sub)

@@ -1,0 +1,57 @@
+"""The number of processes a run has: the launcher's, or the config's.
+
+Under ``torchrun`` (or any launcher that sets ``WORLD_SIZE``) the world size is the launcher's:
+``torchrun --nproc-per-node 4 -m rlforge.trainer.main_ppo ...`` needs no
+``trainer.n_gpus_per_node=4``.  ``trainer.nnodes x trainer.n_gpus_per_node`` counts only where it
+was changed from its default (``1 x 1``); then it must equal ``WORLD_SIZE``, or one
+:class:`ConfigError` names both numbers and the key to change.  Without a launcher the world
+size is ``trainer.nnodes x trainer.n_gpus_per_node`` (``rlforge train`` then starts that many
+processes itself, :mod:`rlforge.launch`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlforge.config.trainer import TrainerConfig
+from rlforge.errors import ConfigError
+
+_CONFIG_KEYS = "trainer.nnodes x trainer.n_gpus_per_node"
+
+
+@dataclass(frozen=True)
+class World:
+    """``size`` processes in all; ``source`` says where the number came from (for messages)."""
+
+    size: int
+    source: str
+
+
+def run_world(cfg: Any) -> World:
+    """The run's world size: ``WORLD_SIZE`` when a launcher set it, else the config's.
+
+    Raises:
+        ConfigError: ``WORLD_SIZE`` is not a whole number >= 1, or ``trainer.nnodes x
+            trainer.n_gpus_per_node`` was set (differs from its default) and disagrees with it.
+    """
+    nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
+    configured = nnodes * per_node
+    env = os.environ.get("WORLD_SIZE")
+    if env is None:
+        return World(configured, _CONFIG_KEYS)
+    if not (env.strip().isdigit() and int(env) >= 1):
+        raise ConfigError(f"the launcher's WORLD_SIZE={env!r} is not a process count (a whole number >= 1)")
+    launched = int(env)
+    default = TrainerConfig.nnodes * TrainerConfig.n_gpus_per_node
+    if configured != default and configured != launched:
+        if launched % nnodes == 0:
+            fix = f"set trainer.n_gpus_per_node={launched // nnodes}"
+        else:
+            fix = f"set trainer.nnodes and trainer.n_gpus_per_node so that their product is {launched}"
+        raise ConfigError(
+            f"{_CONFIG_KEYS} = {nnodes} x {per_node} = {configured}, but the launcher started {launched} processes "
+            f"(WORLD_SIZE={launched}); {fix}, or leave both unset to take the launcher's world size"
+        )
+    return World(launched, "WORLD_SIZE from the launcher")

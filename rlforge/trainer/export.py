@@ -1,0 +1,210 @@
+"""``rlforge export CHECKPOINT --out HF_DIR``: a Hugging Face folder (model + tokenizer,
+safetensors) from a saved checkpoint.
+
+Every engine (``fsdp``, ``fsdp2``, ``megatron``, and the one-process runs of each) saves the actor
+as a full, HF-keyed state dict in ``global_step_N/actor/state.pt`` (:mod:`rlforge.trainer.checkpoint`),
+so one path serves them all: the model is rebuilt from the run's config on the ``meta`` device
+(no weights are read or initialised twice), the checkpoint's tensors are assigned to it, and the
+model and the tokenizer are written with ``save_pretrained``.
+
+Where the model comes from, first match wins:
+
+1. ``model_path`` (``--model-path``; with ``--tokenizer-path``), for checkpoints without the next two;
+2. ``global_step_N/config.yaml`` (written since ``rlforge export`` exists):
+   ``actor_rollout_ref.model.{path,tokenizer_path,override_config}``;
+3. ``global_step_N/actor/huggingface`` (``actor.checkpoint.save_contents`` with ``hf_model``): its
+   ``config.json`` and tokenizer.
+
+FlowRL's log Z head (``policy_loss.flowrl``) is not part of the LM; it is written as
+``log_z_head.safetensors`` only where the run's ``flowrl.export_log_z`` says so, as the run's own
+``hf_model`` export does.  ``override_config.attn_implementation`` is a run-time kernel choice and
+is not written into the exported ``config.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import CheckpointError
+
+# torch is imported inside the functions: the CLI builds this command's parser on every start-up.
+DTYPES = ("float32", "bfloat16", "float16")
+"""``--dtype`` choices: the dtype of the exported weights (the checkpoint's master weights are float32)."""
+
+TRACKER = "latest_checkpointed_iteration.txt"  # = rlforge.trainer.checkpoint.TRACKER (which imports torch)
+CONFIG_FILE = "config.yaml"  # = rlforge.trainer.checkpoint.CONFIG_FILE
+_HF_EXPORT = Path("actor") / "huggingface"
+_NOT_A_CHECKPOINT = ("expected a global_step_N folder with actor/state.pt, or a run folder "
+                     f"(trainer.default_local_dir) with {TRACKER}")
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path`` names: a ``global_step_N`` folder, or a run folder whose
+    tracker file names its latest checkpoint.
+
+    Raises:
+        CheckpointError: ``path`` is missing or is not a checkpoint (the message names it).
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"{path}: no such file or folder ({_NOT_A_CHECKPOINT})")
+    if (p / "actor" / "state.pt").is_file():
+        return p
+    tracker = p / TRACKER
+    if tracker.is_file():
+        step = tracker.read_text().strip()
+        latest = p / f"global_step_{step}"
+        if step.isdigit() and (latest / "actor" / "state.pt").is_file():
+            return latest
+        raise CheckpointError(f"{tracker} points to global_step_{step}, which is not a complete checkpoint; "
+                              "pass one of the run's global_step_N folders instead")
+    if (p / "trainer_state.pt").is_file():
+        raise CheckpointError(f"{path}: this checkpoint has no actor/state.pt (the actor was not saved)")
+    raise CheckpointError(f"{path}: not an rlforge checkpoint ({_NOT_A_CHECKPOINT})")
+
+
+def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None) -> dict[str, Any]:
+    """``{path, tokenizer_path, override_config, export_log_z}`` of the checkpoint's actor."""
+    if model_path:
+        return {"path": model_path, "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False}
+    cfg_file = ckpt / CONFIG_FILE
+    if cfg_file.is_file():
+        from omegaconf import OmegaConf
+
+        try:
+            cfg = OmegaConf.load(cfg_file)
+        except Exception as e:  # noqa: BLE001 - yaml and OmegaConf errors share no base class
+            raise CheckpointError(f"{cfg_file}: cannot read the run's config ({e.__class__.__name__}); "
+                                  "pass --model-path") from None
+        model = OmegaConf.select(cfg, "actor_rollout_ref.model")
+        if model is None or not OmegaConf.select(model, "path"):
+            raise CheckpointError(f"{cfg_file} has no actor_rollout_ref.model.path; pass --model-path")
+        node = OmegaConf.select(model, "override_config")
+        override = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        return {"path": str(model.path), "tokenizer_path": tokenizer_path or model.get("tokenizer_path"),
+                "override_config": dict(override or {}),
+                "export_log_z": bool(OmegaConf.select(cfg, "actor_rollout_ref.actor.policy_loss.flowrl.export_log_z",
+                                                      default=False))}
+    hf = ckpt / _HF_EXPORT
+    if (hf / "config.json").is_file():
+        return {"path": str(hf), "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False}
+    raise CheckpointError(f"{ckpt} has neither {CONFIG_FILE} nor {_HF_EXPORT}/config.json, so the model it was "
+                          "trained from is unknown; pass --model-path (the run's actor_rollout_ref.model.path)")
+
+
+def _split_log_z(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A FlowRL actor's state (``lm.*`` and ``log_z_head.*``) as the LM's and the head's; others unchanged."""
+    if not any(k.startswith("log_z_head.") for k in state):
+        return state, {}
+    lm = {k.removeprefix("lm."): v for k, v in state.items() if k.startswith("lm.")}
+    head = {k.removeprefix("log_z_head."): v for k, v in state.items() if k.startswith("log_z_head.")}
+    return lm, head
+
+
+def build_model(source: dict[str, Any], state: dict[str, Any], where: Path) -> tuple[Any, Any]:
+    """The tokenizer and the causal LM of ``source`` holding ``state``'s tensors (float32, CPU).
+
+    Raises:
+        ModelError: the model or tokenizer path cannot be loaded.
+        CheckpointError: the state does not fit the model (another architecture or override).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlforge.models import load_tokenizer
+    from rlforge.models.loader import model_config
+
+    tok = load_tokenizer(source["path"], source["tokenizer_path"])
+    override = {k: v for k, v in source["override_config"].items() if k != "attn_implementation"}
+    config = model_config(source["path"], tok, override)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in state.items()}
+    result = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
+    if result.unexpected_keys or missing:
+        bad = (f"unexpected keys {result.unexpected_keys[:3]}" if result.unexpected_keys else
+               f"missing keys {missing[:3]}")
+        raise CheckpointError(f"{where}: the saved weights do not fit the model built from {source['path']} "
+                              f"(override_config={override}): {bad}; pass --model-path with the run's model")
+    model.config.pad_token_id = tok.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return tok, model.eval()
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32",
+                      model_path: str | None = None, tokenizer_path: str | None = None) -> Path:
+    """Write the actor of ``checkpoint`` (a ``global_step_N`` or run folder) to ``out`` as a
+    Hugging Face folder: ``config.json``, ``model.safetensors`` (or shards), the generation config
+    and the tokenizer.  ``out`` is written into a temporary sibling and renamed into place.
+    Returns the checkpoint folder exported.
+
+    Raises:
+        CheckpointError: not a checkpoint, unreadable, weights that do not fit, ``out`` not empty.
+        ModelError: the run's model or tokenizer path cannot be loaded.
+    """
+    import torch
+
+    from rlforge.trainer.checkpoint import load_part
+
+    if dtype not in DTYPES:
+        raise CheckpointError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
+    ckpt = find_checkpoint(checkpoint)
+    out = Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"--out {out}: exists and is not an empty folder; choose a new folder")
+    source = _model_source(ckpt, model_path, tokenizer_path)
+    try:
+        state = load_part(ckpt, "actor")["model"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{ckpt / 'actor' / 'state.pt'} holds no model state") from None
+    lm_state, head_state = _split_log_z(state)
+    tok, model = build_model(source, lm_state, ckpt / "actor" / "state.pt")
+    model.to(getattr(torch, dtype))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if head_state and source["export_log_z"]:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in head_state.items()}, str(tmp / "log_z_head.safetensors"))
+        if out.exists():
+            out.rmdir()  # checked empty above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ckpt
+
+
+def add_export_parser(sub: Any) -> None:
+    """The ``rlforge export`` sub-command on the CLI's sub-parsers ``sub``."""
+    e = sub.add_parser(
+        "export", help="write a Hugging Face folder (model + tokenizer) from a checkpoint",
+        description="Write the actor of an rlforge checkpoint as a Hugging Face folder (config.json, safetensors "
+        "weights, tokenizer) that transformers' AutoModelForCausalLM.from_pretrained loads. CHECKPOINT is a "
+        "global_step_N folder, or a run folder (trainer.default_local_dir) for its latest checkpoint.")
+    e.add_argument("checkpoint", metavar="CHECKPOINT", help="a global_step_N folder, or a run folder")
+    e.add_argument("--out", required=True, metavar="HF_DIR", help="output folder (new, or empty)")
+    e.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="dtype of the written weights (default float32: the master weights as trained)")
+    e.add_argument("--model-path", default=None, metavar="P",
+                   help="the run's actor_rollout_ref.model.path, for checkpoints that lack config.yaml")
+    e.add_argument("--tokenizer-path", default=None, metavar="P",
+                   help="a tokenizer other than the run's (default: the run's model.tokenizer_path or model)")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """``rlforge export``: export, print where, return 0 (user errors propagate as RLForgeError)."""
+    ckpt = export_checkpoint(args.checkpoint, args.out, args.dtype, args.model_path, args.tokenizer_path)
+    print(f"wrote {args.out} (Hugging Face model + tokenizer) from {ckpt}", flush=True)
+    return 0

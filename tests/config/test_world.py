@@ -1,0 +1,76 @@
+"""The world size under a launcher: ``WORLD_SIZE`` wins over ``trainer.nnodes x
+trainer.n_gpus_per_node`` unless those were set and disagree (config layer only, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.config import load_config, validate_config
+from rlforge.config.world import run_world
+from rlforge.errors import ConfigError
+
+MEG = "actor_rollout_ref.actor.megatron"
+TP2_PP2 = ["actor_rollout_ref.actor.strategy=megatron", f"{MEG}.tensor_model_parallel_size=2",
+           f"{MEG}.pipeline_model_parallel_size=2", "data.train_batch_size=8",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+
+
+def test_without_a_launcher_the_config_counts(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run_world(load_config(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"])).size == 8
+    assert run_world(load_config([])).size == 1
+
+
+def test_the_launchers_world_size_is_used_when_the_config_keeps_its_default(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    world = run_world(load_config([]))
+    assert (world.size, world.source) == (4, "WORLD_SIZE from the launcher")
+    validate_config(load_config(TP2_PP2))  # TP x PP = 4 fits the launcher's 4 processes
+
+
+def test_an_explicit_world_that_agrees_is_accepted(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert run_world(load_config(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"])).size == 8
+    assert run_world(load_config(["trainer.n_gpus_per_node=8"])).size == 8
+
+
+def test_an_explicit_world_that_disagrees_names_both_numbers_and_the_key(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError) as e:
+        validate_config(load_config(["trainer.n_gpus_per_node=3"]))
+    msg = str(e.value)
+    assert "= 1 x 3 = 3" in msg and "WORLD_SIZE=2" in msg and "set trainer.n_gpus_per_node=2" in msg
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(ConfigError, match=r"= 4 x 2 = 8.*WORLD_SIZE=6.*so that their product is 6"):
+        run_world(load_config(["trainer.nnodes=4", "trainer.n_gpus_per_node=2"]))
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=6.*set trainer.n_gpus_per_node=3"):
+        run_world(load_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=2"]))
+
+
+def test_megatron_sizes_are_checked_against_the_launchers_world(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"= 4 does not divide the world size 2 \(WORLD_SIZE from the launcher\)"):
+        validate_config(load_config(TP2_PP2))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="data.train_batch_size=6 is not divisible by the 4 ranks .WORLD_SIZE"):
+        validate_config(load_config(["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]))
+
+
+def test_a_malformed_world_size_is_one_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='four' is not a process count"):
+        run_world(load_config([]))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_user_error_under_a_launcher_is_printed_by_rank_0(monkeypatch, capsys, rank):
+    import rlforge.launch
+    from rlforge.launch import report_user_error
+
+    monkeypatch.setattr(rlforge.launch, "_leave_process_group", lambda: None)  # keep this process's group
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    report_user_error("bad key", wait_s=0.0)
+    err = capsys.readouterr().err
+    # rank 0 at once; another rank only after the wait (the launcher normally stops it first)
+    assert err == ("rlforge: error: bad key\n" if rank == 0 else "rlforge: error: (rank 1) bad key\n")

@@ -1,0 +1,113 @@
+"""``rlforge export CHECKPOINT --out HF_DIR``: a one-step CPU run's checkpoint becomes a Hugging Face
+folder that ``AutoModelForCausalLM.from_pretrained`` loads with the trained weights."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlforge.cli import main
+
+TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None  # offline machines without the default model's package
+TOKENIZER = [f"actor_rollout_ref.model.tokenizer_path={TOK}"] if TOK else []
+RUN = ["actor_rollout_ref.model.path=preset:tiny", *TOKENIZER, "data.seed=1", "trainer.device=cpu", "data.val_files=null",
+       "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "data.max_response_length=4",
+       "trainer.val_before_train=false", "trainer.logger=[file]", "trainer.total_training_steps=1",
+       "trainer.save_freq=1", "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export_run")
+    assert main(["train", *RUN, f"trainer.default_local_dir={out}"]) == 0
+    return out
+
+
+def token_log_probs(model, ids: torch.Tensor) -> torch.Tensor:
+    """log p(ids[t+1] | ids[:t+1]) in nats, float32, ``(batch, seq - 1)``."""
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids).logits.float()
+    return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def test_export_loads_with_transformers_and_gives_the_trained_log_probs(run_dir, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlforge.models import load_causal_lm, load_tokenizer
+
+    ckpt = run_dir / "global_step_1"
+    assert (ckpt / "config.yaml").is_file()  # saved with the checkpoint: export needs nothing else
+    out = tmp_path / "hf"
+    assert main(["export", str(ckpt), "--out", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tok("12 + 30 = 42, and 7 * 6 = 42.")["input_ids"]] * 2)
+    ids[1, :3] = torch.tensor([5, 6, 7])
+    # the reference: the checkpoint's state dict in a freshly built model (the run's initial weights: data.seed)
+    state = torch.load(ckpt / "actor" / "state.pt", weights_only=False)["model"]
+    fresh = load_causal_lm("preset:tiny", load_tokenizer("preset:tiny", TOK), seed=1)
+    moved = [k for k, v in fresh.state_dict().items() if k in state and not torch.equal(v, state[k])]
+    assert moved  # the step changed the weights: the export holds the trained ones, not the initial ones
+    fresh.load_state_dict(state)
+    want = token_log_probs(fresh, ids)
+    got = token_log_probs(exported, ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for k in moved:
+        torch.testing.assert_close(exported.state_dict()[k], state[k], atol=0, rtol=0)
+    run_export = AutoModelForCausalLM.from_pretrained(ckpt / "actor" / "huggingface")  # save_contents hf_model
+    torch.testing.assert_close(token_log_probs(run_export, ids), want, atol=1e-5, rtol=0)
+    assert tok.get_vocab() == AutoTokenizer.from_pretrained(ckpt / "actor" / "huggingface").get_vocab()
+
+
+def test_a_run_folder_exports_its_latest_checkpoint_in_bf16(run_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    out.mkdir()  # an empty folder may exist
+    assert main(["export", str(run_dir), "--out", str(out), "--dtype", "bfloat16"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(out, dtype="auto").dtype == torch.bfloat16
+
+
+def test_an_old_checkpoint_without_config_uses_its_hf_model_folder(run_dir, tmp_path):
+    old = tmp_path / "global_step_1"
+    shutil.copytree(run_dir / "global_step_1", old)
+    (old / "config.yaml").unlink()
+    assert main(["export", str(old), "--out", str(tmp_path / "a")]) == 0
+    shutil.rmtree(old / "actor" / "huggingface")
+    assert main(["export", str(old), "--out", str(tmp_path / "b"), "--model-path", "preset:tiny",
+                 *(["--tokenizer-path", TOK] if TOK else [])]) == 0
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rlforge: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_errors_name_the_path(run_dir, tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    assert main(["export", str(tmp_path / "notes"), "--out", str(tmp_path / "x")]) == 2
+    line = _one_error(capsys)
+    assert f"{tmp_path / 'notes'}: not an rlforge checkpoint" in line and "global_step_N" in line
+    assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert f"{tmp_path / 'missing'}: no such file or folder" in _one_error(capsys)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "a.txt").write_text("keep me")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "full")]) == 2
+    assert "not an empty folder" in _one_error(capsys)
+    assert (tmp_path / "full" / "a.txt").read_text() == "keep me"
+    bare = tmp_path / "global_step_1"
+    (bare / "actor").mkdir(parents=True)
+    shutil.copy(run_dir / "global_step_1" / "actor" / "state.pt", bare / "actor" / "state.pt")
+    assert main(["export", str(bare), "--out", str(tmp_path / "y")]) == 2
+    assert "--model-path" in _one_error(capsys)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
