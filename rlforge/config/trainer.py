@@ -31,9 +31,12 @@ class TrainerConfig:
     validation_data_dir: str | None = None
     """Dump validation generations as JSONL here; None = no dump."""
     nnodes: int = 1
-    """Number of machines."""
+    """Number of machines.  Under a launcher that sets ``WORLD_SIZE`` (torchrun) the launcher's world
+    size is used; ``nnodes x n_gpus_per_node`` is then checked against it only where it was changed
+    from the default ``1 x 1`` (:mod:`rlforge.config.world`)."""
     n_gpus_per_node: int = 1
-    """Devices per machine (verl: 8; this build uses one)."""
+    """Devices (processes) per machine (verl: 8).  Without a launcher, ``rlforge train`` with K > 1
+    starts K processes itself; under one, it may be left out (see ``nnodes``)."""
     save_freq: int = -1
     """Save a checkpoint every this many steps; -1 = no periodic saves."""
     esi_redundant_time: int = 0
