@@ -275,8 +275,9 @@ prefixes that one value reads and another does not must warn under the other."""
 READ_ELSEWHERE: dict[str, tuple[str, str]] = {
     # Sizes the KV cache from the GPU's memory: the native rollout reads it on CUDA only.
     f"{R}.gpu_memory_utilization": ("CUDA (native rollout)", "rlforge/rollout/native/engine.py"),
-    # Read when a checkpoint with `hf_model` is written under loss_mode=flowrl
-    # (tests/trainer/test_algorithm_suite_runs.py); not run here: writing the FSDP2 log-Z head fails.
+    # Read when a checkpoint with `hf_model` is written under loss_mode=flowrl (its effect is tested by
+    # tests/trainer/test_algorithm_suite_runs.py).  Not run here: after other FSDP2 jobs in the same
+    # process, writing the log-Z head fails at times (safetensors: "invalid python storage").
     f"{A}.policy_loss.flowrl.export_log_z": ("loss_mode=flowrl + hf_model export", "rlforge/trainer/ppo_trainer.py"),
 }
 """Keys no CPU run here can read: ``key -> (the mode that reads it, the file that reads it)``."""
@@ -304,8 +305,18 @@ def _overrides(name: str, tmp: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[dict[str, Run], Spies]:
-    """Every run of :data:`RUNS`, recorded, plus one call of each policy loss."""
+def runs(tmp_path_factory) -> Iterator[tuple[dict[str, Run], Spies]]:
+    """Every run of :data:`RUNS`, recorded, plus one call of each policy loss.  The one-rank process
+    group the runs join is destroyed afterwards when it was not there before (later tests expect none)."""
+    import torch.distributed as dist
+
+    had_group = dist.is_initialized()
+    yield _record_runs(tmp_path_factory)
+    if not had_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _record_runs(tmp_path_factory) -> tuple[dict[str, Run], Spies]:
     import rlforge.engine.compile as compile_mod
     import rlforge.engine.fsdp2 as fsdp2_mod
     import rlforge.trainer.ppo_trainer as trainer_mod
