@@ -252,8 +252,9 @@ RUNS: dict[str, list[str]] = {
         "critic.forward_micro_batch_size_per_gpu=null", "critic.forward_micro_batch_size=4",
         f"{A}.use_torch_compile=false",
     ],
-    # FlowRL (log-Z head, its learning rate) on FSDP2.
-    "flowrl": ["trainer.total_training_steps=1", f"{A}.policy_loss.loss_mode=flowrl"],
+    # FlowRL (log-Z head, its learning rate) on FSDP2, exporting a Hugging Face folder with the head.
+    "flowrl": ["trainer.total_training_steps=1", f"{A}.policy_loss.loss_mode=flowrl", "trainer.save_freq=1",
+               f"{A}.checkpoint.save_contents=[model,optimizer,extra,hf_model]", f"{A}.policy_loss.flowrl.export_log_z=true"],
     # strategy=megatron (PyTorch TP/PP/FSDP2 on a one-rank mesh) for actor, reference and critic.
     "megatron": [
         "trainer.total_training_steps=1", f"{A}.strategy=megatron", f"{A}.use_kl_loss=true",
@@ -275,10 +276,6 @@ prefixes that one value reads and another does not must warn under the other."""
 READ_ELSEWHERE: dict[str, tuple[str, str]] = {
     # Sizes the KV cache from the GPU's memory: the native rollout reads it on CUDA only.
     f"{R}.gpu_memory_utilization": ("CUDA (native rollout)", "rlforge/rollout/native/engine.py"),
-    # Read when a checkpoint with `hf_model` is written under loss_mode=flowrl (its effect is tested by
-    # tests/trainer/test_algorithm_suite_runs.py).  Not run here: after other FSDP2 jobs in the same
-    # process, writing the log-Z head fails at times (safetensors: "invalid python storage").
-    f"{A}.policy_loss.flowrl.export_log_z": ("loss_mode=flowrl + hf_model export", "rlforge/trainer/ppo_trainer.py"),
 }
 """Keys no CPU run here can read: ``key -> (the mode that reads it, the file that reads it)``."""
 
