@@ -65,7 +65,11 @@ def test_one_step_matches_local_engine(case, references, tmp_path):
         assert m[k] == pytest.approx(ref_metrics[k], rel=1e-5, abs=loss_abs), k
     assert m["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)
     assert m["grad_norm"] > 1.0  # clipping at 1.0 was active
-    dc.close_states(r["state"]["model"], ref_state["model"])
+    # AdamW (lr 1e-3) divides by sqrt(v) + 1e-8: an element whose gradient is near 1e-8 moves by up to lr
+    # whatever its sign, so the ulp-level differences of the chunked head (above) can move it by a few
+    # percent of lr (measured: 3.8e-5 on torch 2.13 CPU).  A wrong gradient moves most elements by ~lr.
+    p_atol = 1e-4 if chunk else 1e-5
+    dc.close_states(r["state"]["model"], ref_state["model"], atol=p_atol)
     dc.close_optim(r["state"]["optimizer"], ref_state["optimizer"])
     assert r["state"]["scheduler"] == ref_state["scheduler"]
     dc.close_states(r["synced"], r["state"]["model"], atol=0)
@@ -76,7 +80,7 @@ def test_one_step_matches_local_engine(case, references, tmp_path):
         mask = dc.make_batch(model, tok)["response_mask"].bool()
         assert torch.allclose(r["logp"][mask], full_logp[mask], atol=1e-5)
         assert m["grad_norm"] == pytest.approx(full_metrics["grad_norm"], rel=1e-5)
-        dc.close_states(r["state"]["model"], full_state["model"])
+        dc.close_states(r["state"]["model"], full_state["model"], atol=p_atol)
     assert r["root_resharded"] == (CASES[case]["strategy"] == "fsdp2")
     # the FSDP checkpoint loads into LocalEngine (same keys, same optimizer format)
     model, _ = dc.load_model()
