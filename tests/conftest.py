@@ -51,3 +51,14 @@ def tiny_model(tiny_tokenizer):
     from rlforge.models import load_causal_lm
 
     return load_causal_lm("preset:tiny", tiny_tokenizer, seed=0).eval()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_process_group():
+    """A job built in the test process joins a one-rank process group (``init_single_process``);
+    destroy it after the test, so that later tests start without one (as a fresh process would)."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
