@@ -301,6 +301,16 @@ def _overrides(name: str, tmp: Path) -> list[str]:
     return [*SMALL, *FAST, f"trainer.default_local_dir={tmp / name}", *RUNS[name]]
 
 
+@pytest.fixture(autouse=True)
+def _one_rank_group() -> Iterator[None]:
+    """The engines built directly here need the process group a job would create
+    (``init_single_process``); tests/conftest.py destroys it after each test."""
+    from rlforge.engine.distributed import init_single_process
+
+    init_single_process(torch.device("cpu"))
+    yield
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Iterator[tuple[dict[str, Run], Spies]]:
     """Every run of :data:`RUNS`, recorded, plus one call of each policy loss.  The one-rank process
