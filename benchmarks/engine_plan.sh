@@ -48,6 +48,14 @@ step_e7b() {
     --prompts 32 --n 8 --prompt-len 256 --response-len 512 --steps 3 --warmup 1 --out "$P/e7b" \
     --rlforge-extra actor_rollout_ref.actor.fsdp_config.optimizer_offload=true > "$P/e7b.txt" 2>&1
 }
+step_tune05() {  # 0.5B update: token budget x checkpointing, 256 sequences, then a profile
+  for b in 16384 32768 65536; do
+    timeout -k 10 150 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
+      --seqs 256 --budget $b --rows fsdp2-dyn-ckpt,fsdp2-dyn >> "$P/tune05.txt" 2>&1
+  done
+  timeout -k 10 120 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 1 \
+    --seqs 256 --budget 16384 --rows fsdp2-dyn-ckpt --profile > "$P/prof05.txt" 2>&1
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" > "$P/e2e.txt" 2>&1
@@ -73,7 +81,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_e2e); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_e2e); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac
