@@ -30,7 +30,10 @@ Rows (``--rows``):
   Further ``-`` tokens (any order) on any row: ``ckpt`` gradient checkpointing, ``offload``
   activation offload, ``compile`` regional torch.compile of each layer's MLP and norms
   (``actor.use_torch_compile``), ``optoff`` optimizer offload (``fsdp_config.optimizer_offload``,
-  fsdp2 rows), ``nopf`` FSDP2 without explicit prefetch.  e.g. ``fsdp2-dyn-ckpt-compile``.
+  fsdp2 rows), ``nopf`` FSDP2 without explicit prefetch, ``nrs`` FSDP2 with
+  ``fsdp_config.reshard_after_forward=false``, ``liger`` liger-kernel's RMSNorm/SwiGLU/RoPE
+  (``model.use_liger``; its RoPE patch is process-wide, so put ``liger`` rows last).
+  e.g. ``fsdp2-dyn-ckpt-compile``.
 
 Log-prob implementation (``--head``, each row runs once per entry, side by side):
   chunked     the chunked LM head (``use_fused_kernels``, the default; ``--chunk-size`` positions
@@ -169,8 +172,14 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     module = copy.deepcopy(base_model)
     if remove_padding and args.attn:
         set_attention(module, args.attn)
+    if "liger" in parts:
+        from rlforge.engine.liger import apply_liger
+
+        if not apply_liger(module, device):
+            raise SystemExit(f"row {row}: liger-kernel is not installed or this is not a CUDA device")
     optim = OptimConfig(lr=1e-6)
-    fsdp_cfg = FSDPConfig(forward_prefetch="nopf" not in parts, optimizer_offload="optoff" in parts)
+    fsdp_cfg = FSDPConfig(forward_prefetch="nopf" not in parts, optimizer_offload="optoff" in parts,
+                          reshard_after_forward="nrs" not in parts)
     engine = ENGINES.get(name)(
         module, device, fsdp_config=fsdp_cfg, optim_cfg=optim, total_steps=100,
         optim_key="optim", grad_clip=1.0, gradient_checkpointing="ckpt" in parts, activation_offload="offload" in parts,

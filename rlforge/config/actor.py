@@ -62,7 +62,9 @@ class ModelConfig:
     exclude_modules: Any = None
     """Modules excluded from LoRA (regex or list); None = none."""
     use_liger: bool = False
-    """Use Liger kernels."""
+    """Replace RMSNorm, the SwiGLU MLP and RoPE with liger-kernel's fused Triton kernels, in the
+    actor, reference and rollout copies (:mod:`rlforge.engine.liger`).  CUDA with liger-kernel
+    installed only; elsewhere a warning, and the eager modules run."""
     use_fused_kernels: bool = True
     """Compute log-probs and entropy of the actor and the reference from the LM head in chunks of
     ``fused_kernel_options.chunk_size`` response positions, never materialising the

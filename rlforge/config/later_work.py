@@ -46,6 +46,12 @@ class LaterWork:
     value_of: Callable[[Any], Any] | None = None
 
 
+def _liger_available() -> bool:
+    from rlforge.engine.liger import liger_available
+
+    return liger_available()
+
+
 _NOT_HERE = "{key}={value} is not available in this single-process build; ignored"
 
 
@@ -227,7 +233,9 @@ LATER_WORK: tuple[LaterWork, ...] = (
                                                   c.actor_rollout_ref.actor.strategy)),
     LaterWork(f"{_ARR}.actor.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
-    LaterWork(f"{_ARR}.model.use_liger", lambda v: v is True, _NOT_HERE),
+    LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
+              "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
+              lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
     LaterWork("reward_model.enable", lambda v: v is True,
               "{key}=True: a reward model is not available in this build; scores come from the rule scorers or "
               "custom_reward_function; ignored"),

@@ -235,6 +235,10 @@ def build_job(cfg: Any) -> Job:
     _check_context_length(cfg, actor_module)
     # Before the reference copy, so that it packs the same way.
     maybe_select_varlen(actor_module, device, remove_padding and _packs(arr.actor.strategy), arr.model.override_config)
+    if arr.model.use_liger:
+        from rlforge.engine.liger import apply_liger
+
+        apply_liger(actor_module, device)  # before the reference and rollout copies: all three use the kernels
     # A policy loss declares what it needs (FlowRL: a log Z head, maybe the reference).
     loss_fn = POLICY_LOSSES.get(arr.actor.policy_loss.loss_mode)
     needs_log_z = bool(getattr(loss_fn, "needs_log_z", False))

@@ -5,7 +5,9 @@
   buffers, and two steps give the same parameters as without offload (same kernels, so to
   float rounding of the fused step);
 - regional compile (``actor.use_torch_compile``) gives the eager engine's loss and gradient
-  norm to bf16 tolerance, and fused AdamW runs on the DTensor parameters.
+  norm to bf16 tolerance, and fused AdamW runs on the DTensor parameters;
+- liger-kernel (``model.use_liger``) gives the eager engine's loss, gradient norm and updated
+  parameters to bf16 tolerance (skipped without liger-kernel).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def _run(steps: int = 2, **kw):
 
     init_single_process(CUDA)
     model, tok = dc.load_model()
+    if kw.get("liger"):
+        from rlforge.engine.liger import apply_liger
+
+        assert apply_liger(model, CUDA), model.config.model_type
     batch = dc.make_batch(model, tok)
     cfg = dc.actor_cfg(MODE)
     engine = ENGINES.get("fsdp2")(model, CUDA, fsdp_config=FSDPConfig(optimizer_offload=kw.get("offload", False)),
@@ -74,3 +80,21 @@ def test_regional_compile_matches_eager():
     comp, _, _ = _run(steps=1, compile=True)
     assert comp[0]["pg_loss"] == pytest.approx(base[0]["pg_loss"], rel=2e-2, abs=1e-4)
     assert comp[0]["grad_norm"] == pytest.approx(base[0]["grad_norm"], rel=2e-2)
+
+
+def test_liger_matches_eager(monkeypatch):
+    pytest.importorskip("liger_kernel")
+    import importlib
+
+    model_type = dc.load_model()[0].config.model_type
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    # liger's RoPE patch replaces this module-level function; restore it for the later tests
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    base, _, p0 = _run(steps=2)
+    fused, _, p1 = _run(steps=2, liger=True)
+    assert modeling.apply_rotary_pos_emb.__module__.startswith("liger_kernel")  # the patch took effect
+    for a, b in zip(base, fused, strict=True):
+        assert b["pg_loss"] == pytest.approx(a["pg_loss"], rel=2e-2, abs=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-2)
+    worst = max(float((p0[k] - p1[k]).abs().max()) for k in p0)
+    assert worst < 5e-3, worst  # lr-sized steps: a wrong kernel moves parameters by far more
