@@ -65,6 +65,10 @@ step_liger() {  # liger-kernel and reshard_after_forward=false on 1.5B (64 seqs)
     --seqs 256 --budget 65536 --rows fsdp2-dyn-nrs,fsdp2-dyn-ckpt-liger,fsdp2-dyn-liger,fsdp2-dyn-nrs-liger \
     > "$P/liger05.txt" 2>&1
 }
+step_prof05l() {  # profile of the 0.5B update with liger + no reshard, 64k budget
+  timeout -k 10 120 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 1 \
+    --seqs 256 --budget 65536 --rows fsdp2-dyn-nrs-liger --profile > "$P/prof05l.txt" 2>&1
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" ${E2E_ARGS:-} > "$P/e2e.txt" 2>&1
@@ -90,7 +94,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_tune05 step_liger step_e2e); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac

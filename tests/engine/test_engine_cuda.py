@@ -45,11 +45,11 @@ def _run(steps: int = 2, **kw):
 
     init_single_process(CUDA)
     model, tok = dc.load_model()
+    batch = dc.make_batch(model, tok)  # runs the CPU model: before liger's GPU-only kernels
     if kw.get("liger"):
         from rlforge.engine.liger import apply_liger
 
         assert apply_liger(model, CUDA), model.config.model_type
-    batch = dc.make_batch(model, tok)
     cfg = dc.actor_cfg(MODE)
     engine = ENGINES.get("fsdp2")(model, CUDA, fsdp_config=FSDPConfig(optimizer_offload=kw.get("offload", False)),
                                   optim_cfg=cfg.optim, total_steps=10, grad_clip=cfg.grad_clip,
@@ -88,8 +88,9 @@ def test_liger_matches_eager(monkeypatch):
 
     model_type = dc.load_model()[0].config.model_type
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    # liger's RoPE patch replaces this module-level function; restore it for the later tests
-    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    # liger replaces module-level names (RoPE function, RMSNorm and MLP classes); restore them all after
+    for name in [n for n in vars(modeling) if not n.startswith("__")]:
+        monkeypatch.setattr(modeling, name, getattr(modeling, name))
     base, _, p0 = _run(steps=2)
     fused, _, p1 = _run(steps=2, liger=True)
     assert modeling.apply_rotary_pos_emb.__module__.startswith("liger_kernel")  # the patch took effect
