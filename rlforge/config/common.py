@@ -47,11 +47,21 @@ class CheckpointConfig:
     """What a checkpoint of one role contains."""
 
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    """Parts written at each save: any of ``model``, ``optimizer``, ``extra`` (scheduler, RNG), ``hf_model``."""
+    """Parts written at each save (``trainer.save_freq``): ``model``, ``optimizer`` and ``extra`` (scheduler, RNG)
+    make a resumable checkpoint and go together in this build; ``hf_model`` adds the policy as a Hugging Face
+    folder (``global_step_N/actor/huggingface``: safetensors, config, tokenizer).  ``[hf_model]`` alone (the
+    actor's) writes only that folder and ``config.yaml``: the trained model, not a checkpoint to resume from."""
     load_contents: list[str] = II(".save_contents")
     """Parts read on resume; defaults to ``save_contents``."""
     async_save: bool = False
     """Write checkpoints in a background thread (accepted; rlforge saves synchronously)."""
+
+
+def hf_model_only(save_contents: Any) -> bool:
+    """True when ``checkpoint.save_contents`` asks for the Hugging Face folder and none of the
+    resumable parts (``model``, ``optimizer``, ``extra``): a save then writes only that folder."""
+    parts = set(save_contents or ())
+    return "hf_model" in parts and not parts & {"model", "optimizer", "extra"}
 
 
 @dataclass

@@ -29,12 +29,14 @@ class DistributionTaskConfig:
 class BuiltinTaskConfig:
     """rlforge addition: generated tasks selected with ``data.train_files=builtin:<task>``."""
 
-    difficulty: int = 1
-    """Task difficulty level (>= 1; e.g. number of operands for ``arithmetic``)."""
+    difficulty: Any = 1
+    """Task difficulty: one level (>= 1; ``arithmetic`` has 1-5, see :mod:`rlforge.data.tasks.arithmetic`), or a
+    list of levels mixed in equal shares (``[1, 2]``: every other row is level 2).  Unused by ``distribution``."""
     train_size: int = 2000
     """Number of generated training prompts."""
     val_size: int = 64
-    """Number of generated validation prompts."""
+    """Number of generated validation prompts.  ``arithmetic`` draws them from held-out problems that its
+    training split never contains."""
     distribution: DistributionTaskConfig = field(default_factory=DistributionTaskConfig)
     """The target distribution of ``builtin:distribution``."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlforge.config.actor import ActorConfig, ModelConfig
-from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig
+from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig, hf_model_only
 from rlforge.config.critic import CriticModelConfig
 from rlforge.config.rollout import RolloutConfig
 from rlforge.config.trainer import TrainerConfig
@@ -160,9 +160,10 @@ def _checkpoint_rows(node: str, everything: bool) -> list[LaterWork]:
     save = (LaterWork(f"{node}.save_contents", lambda v, d=parts: v != d,
                       "{key}={value}: the critic's checkpoint always holds model, optimizer and extra; ignored")
             if everything else
-            LaterWork(f"{node}.save_contents", lambda v, d=parts: not set(d) <= set(v),
+            LaterWork(f"{node}.save_contents", lambda v, d=parts: not set(d) <= set(v) and not hf_model_only(v),
                       "{key}={value}: a checkpoint always holds model, optimizer and extra (scheduler, RNG) in this "
-                      "build; only hf_model is optional; saving all of them"))
+                      "build; only hf_model is optional ([hf_model] alone saves only the Hugging Face folder); "
+                      "saving all of them"))
     return [
         save,
         _follows(f"{node}.load_contents", f"{node}.save_contents",

@@ -11,6 +11,7 @@ Deviation from verl: verl requires one of ``ppo_micro_batch_size`` /
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from rlforge.algorithms import POLICY_LOSSES
@@ -214,11 +215,21 @@ def _check_sizes(cfg: RLForgeConfig) -> None:
         "trainer.total_epochs": cfg.trainer.total_epochs,
         "data.builtin.train_size": cfg.data.builtin.train_size,
         "data.builtin.val_size": cfg.data.builtin.val_size,
-        "data.builtin.difficulty": cfg.data.builtin.difficulty,
     }
     for key, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value}: must be >= 1 (or null where the key allows it)")
+    _check_difficulty(cfg.data.builtin.difficulty)
+
+
+def _check_difficulty(value: Any) -> None:
+    """``data.builtin.difficulty``: a level >= 1, or a non-empty list of them (mixed in equal shares)."""
+    levels = [value] if isinstance(value, int) else value
+    ok = isinstance(levels, Sequence) and not isinstance(levels, str) and len(levels) > 0 and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in levels)
+    if not ok:
+        raise ConfigError(f"data.builtin.difficulty={value!r}: give a level >= 1 (e.g. 2) or a non-empty list of "
+                          "levels to mix (e.g. [1, 2])")
 
 
 def _check_batching(role: str, train_bs: int, mini: int, micro_global: int | None, micro: int | None, n: int) -> None:

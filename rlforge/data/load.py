@@ -2,7 +2,7 @@
 
 ``files`` entries are parquet/jsonl paths or ``builtin:<task>`` (e.g. ``builtin:arithmetic``),
 which generates ``data.builtin.train_size`` / ``val_size`` rows at ``data.builtin.difficulty``
-from ``data.seed``.
+(one level, or a list of levels to mix) from ``data.seed``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def _builtin_rows(name: str, data_cfg: Any, split: str) -> list[dict[str, Any]]:
     size = builtin.train_size if split == "train" else builtin.val_size
     seed = data_cfg.seed if data_cfg.seed is not None else DEFAULT_SEED
     task = BUILTIN_TASKS.get(name)
-    return task(split=split, size=int(size), difficulty=int(builtin.difficulty), seed=int(seed), builtin=builtin)
+    level = builtin.difficulty
+    difficulty = level if isinstance(level, int) else list(level)  # one level, or a list (an OmegaConf ListConfig)
+    return task(split=split, size=int(size), difficulty=difficulty, seed=int(seed), builtin=builtin)
 
 
 def load_rows(

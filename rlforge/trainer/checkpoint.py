@@ -9,6 +9,10 @@ rebuilds the model and tokenizer (:mod:`rlforge.trainer.export`).  It is written
 temporary folder that is renamed into place only when complete, and
 ``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated last, so nothing
 half-written ever looks like a valid checkpoint.
+
+With ``actor.checkpoint.save_contents=[hf_model]`` alone, a save writes only
+``actor/huggingface`` and ``config.yaml`` into ``global_step_N`` (``resumable=False``): the trained
+policy, not a checkpoint; the tracker file is not updated, and is removed if it named that folder.
 """
 
 from __future__ import annotations
@@ -51,13 +55,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(
     root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None,
     exports: dict[str, Callable[[Path], None]] | None = None, config: str | None = None,
+    resumable: bool = True,
 ) -> Path:
     """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically.
 
     ``config`` (the resolved config's YAML) is written as ``config.yaml``.  ``exports`` maps a
     sub-folder (e.g. ``actor/huggingface``) to a function that writes into it; they run inside
     the temporary folder, so they are atomic too.  Returns the checkpoint folder.  Older
-    checkpoints beyond ``max_to_keep`` are removed.
+    checkpoints beyond ``max_to_keep`` are removed.  ``resumable=False`` (``parts`` without
+    ``trainer_state``: an export-only save) leaves the tracker file alone, or removes it when it
+    named the folder just replaced.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -86,9 +93,12 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    tracker_tmp = root / f".{TRACKER}.tmp"
-    tracker_tmp.write_text(str(step))
-    os.replace(tracker_tmp, root / TRACKER)
+    if resumable:
+        tracker_tmp = root / f".{TRACKER}.tmp"
+        tracker_tmp.write_text(str(step))
+        os.replace(tracker_tmp, root / TRACKER)
+    elif (root / TRACKER).is_file() and (root / TRACKER).read_text().strip() == str(step):
+        (root / TRACKER).unlink()  # the checkpoint it named was just replaced by an export-only folder
     if max_to_keep and max_to_keep > 0:
         steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*") if p.is_dir())
         for old in steps[:-max_to_keep]:

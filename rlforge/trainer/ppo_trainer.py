@@ -40,6 +40,7 @@ from rlforge.algorithms import (
 )
 from rlforge.batch import Batch
 from rlforge.config import format_config
+from rlforge.config.common import hf_model_only
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.engine.local import LocalEngine
 from rlforge.errors import ConfigError, RLForgeError
@@ -131,7 +132,16 @@ class PPOTrainer:
         print(f"resumed from {path} at step {self.global_step}", flush=True)
 
     def _save(self) -> None:
+        """A checkpoint at ``trainer.save_freq``; with ``actor.checkpoint.save_contents=[hf_model]``
+        alone, only the policy's Hugging Face folder (:func:`rlforge.config.common.hf_model_only`)."""
         parts: dict[str, dict[str, Any]] = {"actor": self.job.actor.engine.state_dict()}
+        if hf_model_only(self.cfg.actor_rollout_ref.actor.checkpoint.save_contents):
+            if self.rank == 0:
+                ckpt.save_checkpoint(self.out_dir, self.global_step, {}, self.cfg.trainer.max_actor_ckpt_to_keep,
+                                     self._exports(parts["actor"]["model"]), config=format_config(self.cfg),
+                                     resumable=False)
+            spmd.barrier()
+            return
         if self.job.critic is not None:
             parts["critic"] = self.job.critic.engine.state_dict()
         parts["trainer_state"] = {

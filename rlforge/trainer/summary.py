@@ -3,7 +3,7 @@
     rlforge train: start | model preset:tiny | task builtin:arithmetic | algorithm grpo | 2 steps | device cpu | output DIR
     ... one line per step ...
     rlforge train: done in 41.2 s at step 2 | val-core/arithmetic/reward/mean@1 0.125 (step 0) -> 0.25 (step 2)
-    rlforge train: metrics DIR/metrics.jsonl | model DIR/global_step_2
+    rlforge train: metrics DIR/metrics.jsonl | model DIR/global_step_2/actor/huggingface (Hugging Face folder)
 
 The start line is printed before anything slow (model loading), by the process that the user
 started; the summary by rank 0 after the last step.  A launched run's workers inherit
@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rlforge.config.common import hf_model_only
 
 START_ENV = "RLFORGE_RUN_START"
 """Environment variable: the run's start time (``time.time()``), set once the start line is printed."""
@@ -86,7 +88,11 @@ def _model_where(cfg: Any, out_dir: Path, step: int) -> str:
     if not folder.is_dir():
         return f"not saved (trainer.save_freq={cfg.trainer.save_freq})"
     hf = folder / "actor" / "huggingface"
-    return f"{folder} (Hugging Face folder: {hf})" if hf.is_dir() else str(folder)
+    if not hf.is_dir():
+        return str(folder)
+    if hf_model_only(cfg.actor_rollout_ref.actor.checkpoint.save_contents):  # no checkpoint beside it
+        return f"{hf} (Hugging Face folder)"
+    return f"{folder} (Hugging Face folder: {hf})"
 
 
 def end_lines(cfg: Any, loggers: list[str], elapsed_s: float, step: int,

@@ -6,8 +6,8 @@
   float rounding of the fused step);
 - regional compile (``actor.use_torch_compile``) gives the eager engine's loss and gradient
   norm to bf16 tolerance, and fused AdamW runs on the DTensor parameters;
-- liger-kernel (``model.use_liger``) gives the eager engine's loss, gradient norm and updated
-  parameters to bf16 tolerance (skipped without liger-kernel).
+- liger-kernel (``model.use_liger``) gives the eager model's log-probs and gradients in float32,
+  on two packed documents (skipped without liger-kernel).
 """
 
 from __future__ import annotations
@@ -45,11 +45,7 @@ def _run(steps: int = 2, **kw):
 
     init_single_process(CUDA)
     model, tok = dc.load_model()
-    batch = dc.make_batch(model, tok)  # runs the CPU model: before liger's GPU-only kernels
-    if kw.get("liger"):
-        from rlforge.engine.liger import apply_liger
-
-        assert apply_liger(model, CUDA), model.config.model_type
+    batch = dc.make_batch(model, tok)
     cfg = dc.actor_cfg(MODE)
     engine = ENGINES.get("fsdp2")(model, CUDA, fsdp_config=FSDPConfig(optimizer_offload=kw.get("offload", False)),
                                   optim_cfg=cfg.optim, total_steps=10, grad_clip=cfg.grad_clip,
@@ -83,19 +79,34 @@ def test_regional_compile_matches_eager():
 
 
 def test_liger_matches_eager(monkeypatch):
+    """liger's RMSNorm/SwiGLU/RoPE give the eager model's log-probs and gradients in float32 (the
+    kernels' own error; in bf16 both sides differ from float32 by ~4% of the logits on this
+    large-init model, which would hide a wrong kernel)."""
     pytest.importorskip("liger_kernel")
+    import copy
     import importlib
 
-    model_type = dc.load_model()[0].config.model_type
+    from rlforge.engine.liger import apply_liger
+
+    model = dc.load_model()[0].to(CUDA)
+    model_type = model.config.model_type
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     # liger replaces module-level names (RoPE function, RMSNorm and MLP classes); restore them all after
     for name in [n for n in vars(modeling) if not n.startswith("__")]:
         monkeypatch.setattr(modeling, name, getattr(modeling, name))
-    base, _, p0 = _run(steps=2)
-    fused, _, p1 = _run(steps=2, liger=True)
+    fused = copy.deepcopy(model)
+    assert apply_liger(fused, CUDA)
     assert modeling.apply_rotary_pos_emb.__module__.startswith("liger_kernel")  # the patch took effect
-    for a, b in zip(base, fused, strict=True):
-        assert b["pg_loss"] == pytest.approx(a["pg_loss"], rel=2e-2, abs=1e-4)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-2)
-    worst = max(float((p0[k] - p1[k]).abs().max()) for k in p0)
-    assert worst < 5e-3, worst  # lr-sized steps: a wrong kernel moves parameters by far more
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 40), device=CUDA, generator=g)
+    pos = torch.cat([torch.arange(17), torch.arange(23)]).expand(3, -1).to(CUDA)  # two packed documents
+    out = []
+    for m in (model, fused):
+        logp = m(ids, position_ids=pos).logits.float().log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+        (logp * torch.linspace(-1, 1, 40, device=CUDA)).sum().backward()
+        out.append((logp.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}))
+    (l0, g0), (l1, g1) = out
+    assert torch.allclose(l1, l0, rtol=1e-4, atol=1e-4), float((l1 - l0).abs().max())
+    for k in g0:
+        scale = float(g0[k].abs().max()) + 1e-12
+        assert float((g1[k] - g0[k]).abs().max()) / scale < 1e-3, k

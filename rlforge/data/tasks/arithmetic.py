@@ -6,7 +6,7 @@ answers are kept short on purpose: the default job trains a 135M model on a 2-co
 Rows carry ``data_source = "rlforge/arithmetic"``, scored by
 :func:`rlforge.rewards.arithmetic.compute_score`.
 
-Difficulty levels (``data.builtin.difficulty``):
+Difficulty levels (``data.builtin.difficulty``: one level, or a list of levels to mix):
 
 ====  =============================================================
 1     ``a + b``, single-digit operands (0-9)
@@ -16,15 +16,26 @@ Difficulty levels (``data.builtin.difficulty``):
 5     three operands, ``+ - *``, three-digit operands, two-digit factors
 ====  =============================================================
 
+A list of levels, e.g. ``[1, 2]``, mixes them in equal shares: row ``i`` has level
+``levels[i % len(levels)]`` (so 64 validation rows of ``[1, 2]`` are 32 of each), and the
+training set is shuffled by the loader as usual.
+
+Held-out validation problems: a problem (its expression, e.g. ``"7 + 5"``) belongs to the
+validation split when the SHA-256 hash of ``"rlforge/arithmetic:<expression>"`` is 0 modulo
+:data:`HOLD_OUT_EVERY` (8), and to the training split otherwise.  Each split draws only its own
+problems, so no validation prompt is ever a training prompt, whatever the sizes, seed or levels
+(at level 1, 17 of the 100 sums are held out; a validation set larger than that repeats them).
+
 Determinism: problems come from :class:`random.Random` seeded with a string made of the
 task name, split, seed and difficulty (string seeds are hashed with SHA-512, so the stream
-is the same in every process).  ``train`` and ``val`` therefore draw different streams;
-at difficulty 1 there are only 100 distinct problems, so the splits can share problems.
+is the same in every process).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +44,9 @@ from rlforge.errors import ConfigError
 
 DATA_SOURCE = "rlforge/arithmetic"
 PROMPT_TEMPLATE = "What is {expr}? Answer with only the number."
+HOLD_OUT_EVERY = 8
+"""One problem in this many (by hash of its expression) is a validation problem, never a training one."""
+_MAX_DRAWS = 10_000  # draws per row before giving up (a level whose split holds no problem)
 
 
 @dataclass(frozen=True)
@@ -84,34 +98,64 @@ def make_problem(rng: random.Random, difficulty: int) -> tuple[str, int]:
     return expr, evaluate(operands, ops)
 
 
-@BUILTIN_TASKS.register("arithmetic")
-def generate_arithmetic(
-    *, split: str, size: int, difficulty: int, seed: int, builtin: Any = None
-) -> list[dict[str, Any]]:
-    """Generate ``size`` verl-format arithmetic rows for ``split``.
+def is_held_out(expr: str) -> bool:
+    """True when the problem ``expr`` belongs to the validation split (see the module docstring)."""
+    digest = hashlib.sha256(f"{DATA_SOURCE}:{expr}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HOLD_OUT_EVERY == 0
+
+
+def difficulty_levels(difficulty: int | Sequence[int]) -> list[int]:
+    """``data.builtin.difficulty`` as a list of levels (one level, or a non-empty list of them).
 
     Raises:
-        ConfigError: if ``difficulty`` is not a known level (``data.builtin.difficulty``) or
-            ``size`` is negative.
+        ConfigError: a value that is not a known level, or an empty list.
     """
-    if difficulty not in LEVELS:
+    levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
+    bad = [d for d in levels if isinstance(d, bool) or not isinstance(d, int) or d not in LEVELS]
+    if not levels or bad:
         raise ConfigError(
-            f"data.builtin.difficulty={difficulty!r} is not a level of builtin:arithmetic; "
-            f"choose one of {sorted(LEVELS)}"
+            f"data.builtin.difficulty={difficulty!r} is not a level of builtin:arithmetic or a non-empty list of "
+            f"levels; choose from {sorted(LEVELS)} (e.g. 2, or [1, 2] to mix them)"
         )
+    return levels
+
+
+def _draw(rng: random.Random, level: int, held_out: bool) -> tuple[str, int]:
+    """A problem of ``level`` from the validation (``held_out``) or the training problems."""
+    for _ in range(_MAX_DRAWS):
+        expr, answer = make_problem(rng, level)
+        if is_held_out(expr) == held_out:
+            return expr, answer
+    raise RuntimeError(f"builtin:arithmetic level {level} has no {'validation' if held_out else 'training'} problems")
+
+
+@BUILTIN_TASKS.register("arithmetic")
+def generate_arithmetic(
+    *, split: str, size: int, difficulty: int | Sequence[int], seed: int, builtin: Any = None
+) -> list[dict[str, Any]]:
+    """Generate ``size`` verl-format arithmetic rows for ``split`` (``"val"`` draws the held-out
+    problems, any other split the rest); ``difficulty`` is a level or a list of levels to mix.
+
+    Raises:
+        ConfigError: if ``difficulty`` is not a known level or list of levels
+            (``data.builtin.difficulty``) or ``size`` is negative.
+    """
+    levels = difficulty_levels(difficulty)
     if size < 0:
         raise ConfigError(f"builtin:arithmetic size for split {split!r} must be >= 0, got {size}")
-    rng = random.Random(f"{DATA_SOURCE}:{split}:{seed}:{difficulty}")
+    tag = ",".join(map(str, levels))
+    rng = random.Random(f"{DATA_SOURCE}:{split}:{seed}:{tag}")
     rows = []
     for index in range(size):
-        expr, answer = make_problem(rng, difficulty)
+        level = levels[index % len(levels)]
+        expr, answer = _draw(rng, level, held_out=split == "val")
         rows.append(
             {
                 "data_source": DATA_SOURCE,
                 "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(expr=expr)}],
                 "ability": "arithmetic",
                 "reward_model": {"style": "rule", "ground_truth": str(answer)},
-                "extra_info": {"split": split, "index": index, "difficulty": difficulty, "expression": expr},
+                "extra_info": {"split": split, "index": index, "difficulty": level, "expression": expr},
             }
         )
     return rows
