@@ -53,6 +53,15 @@ when ``--run-time-limit`` stopped the run first):
   ``old_log_prob`` forward (``--rlforge-extra actor_rollout_ref.actor.recompute_old_log_prob=true``)
   is not counted.
 
+Method (issue 17): both frameworks load one saved random checkpoint per model
+(``OUT/weights/<model>``, seed 0, float32; ``--no-same-weights`` lets each build its own);
+every (model, framework) run is repeated ``--reps`` times (default 3), the repetitions
+interleaved (rep 1 of every run, then rep 2, ...); the main table shows each one's median
+repetition by s/step and a second table min/median/max of tokens/s, s/step, gen s, train s, the
+mean response length and the generated tokens/s (response tokens per second of generation).
+TRL runs each setup of ``--trl-variants`` (:data:`TRL_VARIANTS`; default plain ``generate`` and
+transformers' continuous batching) as its own row; "vs TRL" divides by the fastest of them.
+
 Each framework and model runs in its own subprocess (a fresh CUDA context): rlforge as
 ``python -m rlforge.cli train ... trainer.logger=[file]``, reading ``metrics.jsonl``; TRL as this
 script with ``--trl-worker``.  Output: one markdown table (stdout and ``OUT/e2e_grpo.md``) and
@@ -92,6 +101,19 @@ import random
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return random.random()
 '''
+
+
+TRL_VARIANTS: dict[str, dict[str, Any]] = {
+    "trl": {},
+    "trl-cb": {"use_transformers_continuous_batching": True},
+    "trl-nockpt": {"gradient_checkpointing": False},
+    "trl-liger": {"use_liger_kernel": True},
+}
+"""TRL setups (``--trl-variants``), as ``GRPOConfig`` fields over the common ones of :func:`trl_worker`:
+``trl`` plain ``generate`` with gradient checkpointing (the script's setup since it was written);
+``trl-cb`` transformers' continuous batching for generation (TRL's non-vLLM fast path,
+``use_transformers_continuous_batching=True``); ``trl-nockpt`` without gradient checkpointing;
+``trl-liger`` with transformers' ``use_liger_kernel`` (needs liger-kernel)."""
 
 
 @dataclass(frozen=True)
@@ -165,10 +187,13 @@ def write_inputs(out: Path, tok: Any, wl: Workload, seed: int = 0) -> tuple[Path
 
 # ---------------------------------------------------------------------------- rlforge
 def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_dir: Path, tokenizer: str | None,
-                      rollout: str) -> list[str]:
+                      rollout: str, weights: Path | None = None) -> list[str]:
+    """rlforge's command-line overrides for one run; ``weights``: an HF folder both frameworks load
+    (None: the preset's random weights, ``preset:<model>``)."""
     arr = "actor_rollout_ref"
     o = [
-        f"{arr}.model.path=preset:{model}", f"{arr}.model.enable_gradient_checkpointing=true",
+        f"{arr}.model.path={weights if weights else 'preset:' + model}",
+        f"{arr}.model.enable_gradient_checkpointing=true",
         f"{arr}.actor.strategy=fsdp2",  # verl's tuning guides' engine; one device runs it on a 1-rank mesh
         f"data.train_files={data}", "data.val_files=null", f"data.train_batch_size={wl.prompts}",
         f"data.max_prompt_length={wl.prompt_len}", f"data.max_response_length={wl.response_len}",
@@ -277,8 +302,9 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
         chunked = _extra_flag(rlforge_extra, (f"{arr}.model.use_fused_kernels", f"{arr}.actor.use_fused_kernels"),
                               True)
         head_tokens, head_recompute = (response, True) if chunked else (tokens, False)
-    else:  # TRL: gradient_checkpointing=True; logits_to_keep = the completion positions; HF's head is not recomputed
-        recompute, head_tokens, head_recompute = True, response, False
+    else:  # TRL: logits_to_keep = the completion positions; HF's head is not recomputed
+        recompute = bool(TRL_VARIANTS.get(framework, {}).get("gradient_checkpointing", True))
+        head_tokens, head_recompute = response, False
     for name, convention in zip(out, CONVENTIONS, strict=True):
         flops = train_flops(config, seqlens, convention, recompute, head_tokens=head_tokens,
                             head_recompute=head_recompute)
@@ -289,10 +315,10 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
 
 
 def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path,
-                gpu: str | None = None) -> dict:
+                gpu: str | None = None, weights: Path | None = None) -> dict:
     run_dir = out / f"rlforge_{model}"
     cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
-           *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout),
+           *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout, weights),
            *args.rlforge_extra]
     finished = _run(cmd, out / f"rlforge_{model}.log", args.run_time_limit, gpu)
     metrics = run_dir / "metrics.jsonl"
@@ -304,20 +330,25 @@ def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, d
 
 
 # ---------------------------------------------------------------------------- TRL
-def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, gpu: str | None = None) -> dict:
-    result = out / f"trl_{model}.json"
+def run_trl(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, gpu: str | None = None,
+            variant: str = "trl", weights: Path | None = None) -> dict:
+    result = out / f"{variant}_{model}.json"
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", model, "--workload", json.dumps(asdict(wl)),
-           "--data", str(data), "--out", str(out)] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
+           "--data", str(data), "--out", str(out), "--trl-variant", variant] + (
+        ["--tokenizer", args.tokenizer] if args.tokenizer else []) + (["--weights", str(weights)] if weights else [])
     result.unlink(missing_ok=True)
-    finished = _run(cmd, out / f"trl_{model}.log", args.run_time_limit, gpu)
+    finished = _run(cmd, out / f"{variant}_{model}.log", args.run_time_limit, gpu)
     if not result.exists():
-        raise RuntimeError(f"no measured step finished (see {out / f'trl_{model}.log'})")
+        raise RuntimeError(f"no measured step finished (see {out / f'{variant}_{model}.log'})")
     summary = json.loads(result.read_text())
     return {**summary, "finished": finished or summary["steps"] >= wl.steps}
 
 
-def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: str | None) -> int:
-    """Train ``wl.total_steps`` GRPO steps with TRL and write ``OUT/trl_<model>.json``."""
+def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: str | None, variant: str = "trl",
+               weights: Path | None = None) -> int:
+    """Train ``wl.total_steps`` GRPO steps with TRL's ``variant`` (:data:`TRL_VARIANTS`) and write
+    ``OUT/<variant>_<model>.json``; ``weights``: the HF folder rlforge loads too (None: the preset's
+    random weights from seed 0)."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -329,7 +360,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
     from rlforge.perf.trace import Timeline
 
     tok = load_tokenizer(f"preset:{model_name}", tokenizer)
-    model = load_causal_lm(f"preset:{model_name}", tok, seed=0)  # random weights, fp32, as rlforge builds it
+    model = load_causal_lm(str(weights) if weights else f"preset:{model_name}", tok, seed=0)  # fp32, as rlforge
     if wl.beta > 0:  # TRL builds its reference model from config._name_or_path
         ref_dir = out / f"trl_ref_{model_name}"
         model.save_pretrained(ref_dir)
@@ -352,7 +383,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
     steps: list[tuple[float, float, float]] = []  # (start_s, end_s, tokens)
 
-    trace_path = out / f"trl_{model_name}_trace_step{wl.profile_step}.json"
+    trace_path = out / f"{variant}_{model_name}_trace_step{wl.profile_step}.json"
 
     class StepTimer(TrainerCallback):
         prof: Any = None
@@ -383,8 +414,8 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
         return [random.random() for _ in completions]
 
     total = wl.prompts * wl.n
-    cfg = GRPOConfig(
-        output_dir=str(out / f"trl_{model_name}"), per_device_train_batch_size=wl.micro_batch,
+    common: dict[str, Any] = dict(
+        output_dir=str(out / f"{variant}_{model_name}"), per_device_train_batch_size=wl.micro_batch,
         gradient_accumulation_steps=total // wl.micro_batch, num_generations=wl.n,
         max_completion_length=wl.response_len, temperature=1.0, top_p=1.0, top_k=0, beta=wl.beta,
         loss_type="dapo", scale_rewards="group", epsilon=0.2, num_iterations=1, learning_rate=wl.lr,
@@ -393,6 +424,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
         save_strategy="no", report_to="none", shuffle_dataset=False, seed=0, dataloader_num_workers=0,
         disable_tqdm=True, log_completions=False,
     )
+    cfg = GRPOConfig(**{**common, **TRL_VARIANTS[variant]})
     read = nvml_reader([torch.cuda.current_device()]) if torch.cuda.is_available() else None
     sampler = GpuSampler(read) if read is not None else None
     wall0 = time.perf_counter()
@@ -428,7 +460,7 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
             "stages_s": {"gen": gen_s / n, "score_and_logp": (gas_s - gen_s) / n, "train": (step_s - gas_s) / n},
             "stages_gpu_util": {"gen": _mean([p["perf/gpu_util/gen"] for p in per_step if "perf/gpu_util/gen" in p])},
         }
-        (out / f"trl_{model_name}.json").write_text(json.dumps(result, indent=1))
+        (out / f"{variant}_{model_name}.json").write_text(json.dumps(result, indent=1))
 
     trainer = TimedGRPOTrainer(model=model, reward_funcs=dummy_reward, args=cfg, train_dataset=dataset,
                                processing_class=tok, callbacks=[StepTimer()])
@@ -481,9 +513,14 @@ COLUMNS = ("model", "framework", "steps", "tokens/s", "s/step", "gen s", "train 
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> str:
-    """The stable result table: one row per (model, framework), rlforge before TRL."""
+    """The stable result table: one row per (model, framework), rlforge before TRL; "vs TRL" is
+    tokens/s over the fastest TRL variant's of the same model."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    trl = {r["model"]: r for r in runs if r["framework"] == "trl" and "error" not in r}
+    trl: dict[str, dict[str, Any]] = {}  # per model, the fastest TRL variant's row
+    for r in runs:
+        if r["framework"].startswith("trl") and "error" not in r:
+            if r["model"] not in trl or r["tokens_per_s"] > trl[r["model"]]["tokens_per_s"]:
+                trl[r["model"]] = r
     for r in runs:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['framework']} | failed: {r['error'].splitlines()[0][:120]} |"
@@ -512,6 +549,76 @@ def profile_sections(runs: list[dict[str, Any]]) -> str:
             out += f"\n## Profiled step: {r['model']} {r['framework']}\n\n"
             out += render_markdown(summarize(r["profile_trace"], num_gaps=5, top_kernels=12, min_gap_ms=1.0), level=3)
     return out
+
+
+def _stats(xs: list[float]) -> tuple[float, float, float]:
+    """(min, median, max) of ``xs`` (the median of an even count is the mean of the middle two)."""
+    v = sorted(xs)
+    mid = len(v) // 2
+    return v[0], (v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2), v[-1]
+
+
+def aggregate(reps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (model, framework) from ``reps`` (the runs of each repetition, in the same order):
+    the repetition with the median s/step (the lower middle one for an even count), plus
+    ``reps`` (count) and ``spread``: (min, median, max) of tokens/s, s/step, gen s and train s, the
+    mean response length and the generated tokens/s (response tokens per second of ``gen``), over the
+    repetitions that finished.  A (model, framework) that failed in every repetition keeps its first error."""
+    out = []
+    for i, first in enumerate(reps[0]):
+        ok = [rep[i] for rep in reps if "error" not in rep[i]]
+        if not ok:
+            out.append(first)
+            continue
+        ok_sorted = sorted(ok, key=lambda r: r["s_per_step"])
+        row = dict(ok_sorted[(len(ok_sorted) - 1) // 2])
+        spread: dict[str, tuple[float, float, float]] = {}
+        for key in ("tokens_per_s", "s_per_step", "gen_s", "train_s", "response_length_mean"):
+            vals = [r[key] for r in ok if r.get(key) is not None]
+            if vals:
+                spread[key] = _stats(vals)
+        gen_tps = [r["generated_tokens_per_s"] for r in ok if r.get("generated_tokens_per_s") is not None]
+        if gen_tps:
+            spread["generated_tokens_per_s"] = _stats(gen_tps)
+        row.update(reps=len(ok), spread=spread)
+        out.append(row)
+    return out
+
+
+def spread_table(rows: list[dict[str, Any]]) -> str:
+    """min / median / max over the repetitions of each (model, framework)."""
+    keys = (("tokens_per_s", ".0f"), ("s_per_step", ".2f"), ("gen_s", ".2f"), ("train_s", ".2f"),
+            ("response_length_mean", ".0f"), ("generated_tokens_per_s", ".0f"))
+    head = ["model", "framework", "reps", "tokens/s", "s/step", "gen s", "train s", "mean response tokens",
+            "generated tokens/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "spread" not in r:
+            continue
+        cells = ["/".join(format(v, spec) for v in r["spread"][k]) if k in r["spread"] else "-" for k, spec in keys]
+        lines.append(f"| {r['model']} | {r['framework']} | {r['reps']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def with_generated_rate(run: dict[str, Any], wl: Workload) -> dict[str, Any]:
+    """``generated_tokens_per_s``: the step's response tokens (prompts x n x mean response length)
+    per second of generation, prompt tokens apart."""
+    length, gen_s = run.get("response_length_mean"), run.get("gen_s")
+    rate = wl.prompts * wl.n * length / gen_s if length and gen_s else None
+    return {**run, "generated_tokens_per_s": rate}
+
+
+def save_weights(model: str, tok: Any, folder: Path) -> Path:
+    """One random checkpoint of ``preset:<model>`` (seed 0, float32) in ``folder``, loaded by both
+    frameworks, so that they start from the same weights; reused when it is already there."""
+    if not (folder / "config.json").exists():
+        from rlforge.models import load_causal_lm
+
+        m = load_causal_lm(f"preset:{model}", tok, seed=0)
+        m.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        del m
+    return folder
 
 
 def stage_table(runs: list[dict[str, Any]]) -> str:
@@ -556,7 +663,7 @@ def run_jobs(
         return float(found.group(1)) if found else 0.0
 
     todo: queue.Queue[int] = queue.Queue()
-    for i in sorted(range(len(jobs)), key=lambda i: (-size(jobs[i][0]), jobs[i][1] != "trl")):  # TRL is the slower
+    for i in sorted(range(len(jobs)), key=lambda i: (-size(jobs[i][0]), not jobs[i][1].startswith("trl"))):  # TRL: slower
         todo.put(i)
     def worker(gpu: str) -> None:
         while True:
@@ -581,6 +688,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("steps", "prompts", "n", "prompt_len", "response_len", "micro_batch", "token_budget"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
+    bad = [v for v in args.trl_variants.split(",") if v not in TRL_VARIANTS]
+    if bad:
+        p.error(f"--trl-variants: unknown {bad}; valid: {', '.join(TRL_VARIANTS)}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
     if not (math.isfinite(args.beta) and args.beta >= 0):
@@ -636,7 +748,16 @@ def main() -> int:
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids (e.g. 0,1): run the (model, framework) runs side by side, one per GPU "
                         "at a time, each alone on its GPU; default: one after another on the visible GPU")
+    p.add_argument("--trl-variants", default="trl,trl-cb",
+                   help=f"comma-separated TRL setups, each its own row: {', '.join(TRL_VARIANTS)}")
+    p.add_argument("--reps", type=int, default=3,
+                   help="interleaved repetitions of every run (the table shows the median one; min/median/max apart)")
+    p.add_argument("--no-same-weights", action="store_true",
+                   help="let each framework build the preset's random weights itself instead of loading one saved "
+                        "random checkpoint (OUT/weights/<model>)")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trl-variant", default="trl", help=argparse.SUPPRESS)
+    p.add_argument("--weights", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -645,7 +766,8 @@ def main() -> int:
     out = Path(args.out).resolve()
     if args.trl_worker:
         out.mkdir(parents=True, exist_ok=True)
-        return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer)
+        return trl_worker(args.trl_worker, Workload(**json.loads(args.workload)), Path(args.data), out, args.tokenizer,
+                          args.trl_variant, Path(args.weights) if args.weights else None)
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
                   warmup=args.warmup, profile=args.profile)
@@ -664,18 +786,36 @@ def main() -> int:
         config = preset_config(model, len(tok))  # the shapes both frameworks build
         return {**run, **mfu_three_ways(run, framework, config, wl, gpu_peak_flops(gpu), args.rlforge_extra)}
 
-    jobs: list[tuple[str, str, Callable[[str | None], dict]]] = []
-    for model in (m.removeprefix("preset:") for m in args.models):
-        if not args.skip_rlforge:
-            jobs.append((model, "rlforge", lambda gpu, m=model: with_mfu(
-                run_rlforge(m, wl, args, out, data, reward, gpu), "rlforge", m, gpu)))
-        if not args.skip_trl:
-            jobs.append((model, "trl", lambda gpu, m=model: with_mfu(run_trl(m, wl, args, out, data, gpu), "trl", m,
-                                                                     gpu)))
+    variants = [] if args.skip_trl else args.trl_variants.split(",")
+    both = not args.skip_rlforge and bool(variants)
+    weights = {m: save_weights(m, tok, out / "weights" / m) if both and not args.no_same_weights else None
+               for m in (m.removeprefix("preset:") for m in args.models)}
+
+    def rep_jobs(rep_out: Path) -> list[tuple[str, str, Callable[[str | None], dict]]]:
+        rep_out.mkdir(parents=True, exist_ok=True)
+        jobs: list[tuple[str, str, Callable[[str | None], dict]]] = []
+        for model, w in weights.items():
+            if not args.skip_rlforge:
+                jobs.append((model, "rlforge", lambda gpu, m=model, w=w: with_generated_rate(with_mfu(
+                    run_rlforge(m, wl, args, rep_out, data, reward, gpu, w), "rlforge", m, gpu), wl)))
+            for v in variants:
+                jobs.append((model, v, lambda gpu, m=model, v=v, w=w: with_generated_rate(with_mfu(
+                    run_trl(m, wl, args, rep_out, data, gpu, v, w), v, m, gpu), wl)))
+        return jobs
+
+    done: list[list[dict[str, Any]]] = []  # the finished repetitions
+    per_rep = len(weights) * (int(not args.skip_rlforge) + len(variants))  # runs in one repetition
+
     def write(runs: list[dict[str, Any]]) -> str:
-        """The tables of ``runs`` into OUT/e2e_grpo.{md,json} (after every run, so a run cut
-        short by its machine still leaves the finished runs' table)."""
-        md = f"{markdown_table(runs)}\n\nStage breakdown (mean per measured step):\n\n{stage_table(runs)}\n"
+        """The tables of the finished repetitions and ``runs`` (the one in progress) into
+        OUT/e2e_grpo.{md,json} (after every run, so a run cut short by its machine still leaves the
+        finished runs' table)."""
+        complete = [r for r in done + [runs] if len(r) == per_rep]
+        rows = aggregate(complete) if complete else runs
+        md = (f"{markdown_table(rows)}\n\nRepetitions: min/median/max over {len(complete)}\n\n"
+              f"{spread_table(rows)}\n")
+        md += f"\nStage breakdown (mean per measured step):\n\n{stage_table(rows)}\n"
+        runs = rows
         md += profile_sections(runs)
         overheads = [r["sampler_overhead"] for r in runs if r.get("sampler_overhead") is not None]
         if overheads:
@@ -683,12 +823,15 @@ def main() -> int:
                    f"({'within' if max(overheads) < 0.01 else 'OVER'} the 1 % budget)\n")
         (out / "e2e_grpo.md").write_text(md)
         (out / "e2e_grpo.json").write_text(json.dumps({"workload": asdict(wl), "rollout": args.rlforge_rollout,
-                                                       "tokenizer": args.tokenizer, "runs": runs}, indent=1))
+                                                       "tokenizer": args.tokenizer, "runs": runs,
+                                                       "repetitions": done}, indent=1))
         return md
 
-    runs = run_jobs(jobs, args.gpus.split(",") if args.gpus else [], on_done=write)
-    print("\n" + write(runs), flush=True)
-    return 0 if all("error" not in r for r in runs) else 1
+    for rep in range(args.reps):
+        runs = run_jobs(rep_jobs(out / f"rep{rep + 1}"), args.gpus.split(",") if args.gpus else [], on_done=write)
+        done.append(runs)
+    print("\n" + write([]), flush=True)
+    return 0 if all("error" not in r for rep in done for r in rep) else 1
 
 
 if __name__ == "__main__":
