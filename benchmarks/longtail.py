@@ -1,0 +1,111 @@
+"""Long-tailed response lengths for rollout benchmarks.
+
+Real GRPO batches do not end together: most responses are short and a few run to the length
+limit, so the last few percent of sequences decode alone at long context.  This module draws
+such lengths from a lognormal distribution given by its **mean** and its **99th percentile**,
+clipped to ``[min_len, max_len]``:
+
+    X = exp(mu + sigma Z),  Z ~ N(0, 1)
+    mean = exp(mu + sigma^2 / 2),  p99 = exp(mu + z99 sigma),  z99 = Phi^-1(0.99) = 2.3263
+
+so ``sigma`` solves ``sigma^2 / 2 - z99 sigma + ln(p99 / mean) = 0`` (the smaller root; it
+exists for ``p99 / mean <= exp(z99^2 / 2)``, about 14.9).  Clipping at ``max_len`` removes some
+mass from the tail, so ``mu`` is then re-solved (bisection) so that the clipped lengths keep the
+stated mean.
+
+The draw is *stratified*: length ``i`` is the distribution's quantile at a jittered point of
+the ``i``-th of ``n`` equal probability strata, then the lengths are shuffled.  The sample's
+empirical distribution therefore follows the stated one closely even for a few hundred rows
+(mean within 1 %, p99 within 5 % for n >= 256: ``tests/benchmarks/test_longtail.py``), and the
+same ``(n, seed)`` always gives the same lengths.
+
+Lengths are enforced per sequence by the caller (a per-row ``max_new_tokens`` with EOS off, or
+a forced EOS at the chosen position): see ``benchmarks/rollout_throughput.py``'s ``longtail``
+workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+Z99 = 2.3263478740408408  # Phi^-1(0.99)
+
+
+def _norm_ppf(p: np.ndarray) -> np.ndarray:
+    """Standard normal quantile (Acklam's rational approximation, relative error < 1.2e-9)."""
+    a = [-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+         -3.066479806614716e01, 2.506628277459239e00]
+    b = [-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+         -1.328068155288572e01]
+    c = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+         4.374664141464968e00, 2.938163982698783e00]
+    d = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00]
+    p = np.asarray(p, dtype=np.float64)
+    out = np.empty_like(p)
+    lo, hi = p < 0.02425, p > 1 - 0.02425
+    mid = ~(lo | hi)
+    q = p[mid] - 0.5
+    r = q * q
+    out[mid] = ((((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+                (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1))
+    for sel, sign, pp in ((lo, 1.0, p[lo]), (hi, -1.0, 1 - p[hi])):
+        q = np.sqrt(-2 * np.log(pp))
+        out[sel] = sign * ((((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+                           ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1))
+    return out
+
+
+@dataclass(frozen=True)
+class LongTail:
+    """A clipped lognormal length distribution.
+
+    ``mean``: mean response length in tokens (after clipping); ``p99``: its 99th percentile
+    (before clipping; ``p99 < max_len`` keeps it unchanged by the clip); ``max_len``, ``min_len``:
+    the clip range in tokens.  Raises ValueError for an impossible combination.
+    """
+
+    mean: float = 500.0
+    p99: float = 3000.0
+    max_len: int = 4096
+    min_len: int = 1
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min_len <= self.mean < self.p99 < self.max_len):
+            raise ValueError(f"long-tail lengths need 1 <= min_len <= mean < p99 < max_len, got min_len={self.min_len}"
+                             f" mean={self.mean} p99={self.p99} max_len={self.max_len}")
+        if math.log(self.p99 / self.mean) > Z99 ** 2 / 2:
+            raise ValueError(f"a lognormal with mean {self.mean} cannot have p99 {self.p99}: p99 / mean must be "
+                             f"<= {math.exp(Z99 ** 2 / 2):.1f}")
+
+    @property
+    def sigma(self) -> float:
+        return Z99 - math.sqrt(Z99 ** 2 - 2 * math.log(self.p99 / self.mean))
+
+    def _lengths(self, z: np.ndarray, mu: float) -> np.ndarray:
+        return np.clip(np.rint(np.exp(mu + self.sigma * z)), self.min_len, self.max_len).astype(np.int64)
+
+    def sample(self, n: int, seed: int = 0) -> np.ndarray:
+        """``n`` lengths (int64, shuffled), stratified as the module docstring says."""
+        if n < 1:
+            raise ValueError(f"need n >= 1 lengths, got {n}")
+        rng = np.random.default_rng(seed)
+        z = _norm_ppf((np.arange(n) + rng.uniform(0.05, 0.95, n)) / n)
+        mu0 = math.log(self.mean) - self.sigma ** 2 / 2
+        lo, hi = mu0 - 1.0, mu0 + 1.0  # the clipped mean rises with mu: bisect it to the stated mean
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if self._lengths(z, mid).mean() < self.mean:
+                lo = mid
+            else:
+                hi = mid
+        lengths = self._lengths(z, (lo + hi) / 2)
+        return lengths[rng.permutation(n)]
+
+
+def describe(lengths: np.ndarray) -> str:
+    """``mean 500, p50 .., p99 .., max ..`` of a length sample (for benchmark tables)."""
+    q = np.percentile(lengths, [50, 99])
+    return f"mean {lengths.mean():.0f}, p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {lengths.max()}"

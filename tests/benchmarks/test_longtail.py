@@ -1,0 +1,62 @@
+"""benchmarks/longtail.py: the long-tail length generator gives the lengths it promises."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "longtail.py"
+_spec = importlib.util.spec_from_file_location("longtail", _PATH)
+longtail = importlib.util.module_from_spec(_spec)
+sys.modules["longtail"] = longtail
+_spec.loader.exec_module(longtail)
+
+
+def test_norm_ppf_against_erf() -> None:
+    """The quantile function inverts Phi(x) = (1 + erf(x / sqrt 2)) / 2 (math.erf, independent)."""
+    p = np.array([1e-6, 0.001, 0.02, 0.1, 0.3, 0.5, 0.77, 0.975, 0.99, 0.999999])
+    x = longtail._norm_ppf(p)
+    back = np.array([(1 + math.erf(v / math.sqrt(2))) / 2 for v in x])
+    np.testing.assert_allclose(back, p, rtol=1e-7)
+    assert abs(longtail._norm_ppf(np.array([0.99]))[0] - longtail.Z99) < 1e-8
+
+
+@pytest.mark.parametrize("n", [256, 1024, 4096])
+@pytest.mark.parametrize(("mean", "p99", "max_len"), [(500, 3000, 4096), (200, 1500, 2048), (800, 2500, 8192)])
+def test_lengths_keep_their_promise(n: int, mean: float, p99: float, max_len: int) -> None:
+    dist = longtail.LongTail(mean=mean, p99=p99, max_len=max_len)
+    lengths = dist.sample(n, seed=n)
+    assert lengths.dtype == np.int64 and lengths.shape == (n,)
+    assert lengths.min() >= 1 and lengths.max() <= max_len
+    assert abs(lengths.mean() - mean) / mean < 0.01
+    assert abs(np.percentile(lengths, 99) - p99) / p99 < 0.05
+    # a long tail, not a constant: the median sits well below the mean, and the top rows run long
+    assert np.median(lengths) < 0.9 * mean
+    assert lengths.max() > 0.9 * p99
+
+
+def test_the_tail_reaches_the_limit_at_4096() -> None:
+    """The issue's workload: mean ~500, max 4096; with 1024 rows a few hit the clip."""
+    lengths = longtail.LongTail(mean=500, p99=3000, max_len=4096).sample(1024, seed=0)
+    assert lengths.max() == 4096
+    assert 1 <= (lengths == 4096).sum() <= 10
+
+
+def test_seeded_and_shuffled() -> None:
+    dist = longtail.LongTail()
+    a, b, c = dist.sample(512, seed=1), dist.sample(512, seed=1), dist.sample(512, seed=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert not np.all(np.diff(a) >= 0)  # not left sorted by stratum
+
+
+@pytest.mark.parametrize("kw", [dict(mean=500, p99=400), dict(mean=100, p99=5000, max_len=8192),
+                                dict(mean=500, p99=5000, max_len=4096), dict(mean=0.5, p99=10)])
+def test_impossible_distributions_refused(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        longtail.LongTail(**kw)
