@@ -7,6 +7,10 @@ Two kinds of rows reach attention in one engine step:
   (:mod:`rlforge.rollout.native.triton_attention`) on CUDA, or :func:`decode_attention_torch`
   (gather the blocks, masked softmax in float32), the CPU fallback that the tests exercise.
   ``benchmarks/rollout_throughput.py --attention`` times both on the GPU.
+  Small batches at long context are split along the context (flash-decoding): each of
+  ``num_splits`` chunks gives a partial output and its log-sum-exp, and
+  :func:`combine_splits` merges them (:func:`decode_attention_split_torch` is the reference;
+  :func:`choose_num_splits` is the Triton path's automatic choice).
 * **prefill rows** (a chunk of a prompt, maybe after cached prefix blocks) of all sequences
   go through one padded ``scaled_dot_product_attention`` call (:func:`batched_prefill_attention`):
   queries ``[Bp, n_max]`` and each sequence's cached K/V ``[Bp, ctx_max]`` gathered by slot,
@@ -53,6 +57,97 @@ def decode_attention_torch(
     return out.reshape(b, h, d).to(q.dtype)
 
 
+SPLIT_MIN_CONTEXT = 2048
+"""Block-table capacities (tokens) below this are never split: the combine launch would cost more than it saves."""
+MIN_SPLIT_TOKENS = 128
+"""Fewest context tokens per split (at the table's capacity)."""
+MAX_SPLITS = 64
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_context: int, num_sms: int) -> int:
+    """Context splits for one paged decode call (1 = the unsplit kernel).
+
+    The unsplit kernel runs one program per (sequence, KV head).  When ``batch * kv_heads`` is
+    at least twice the number of multiprocessors ``num_sms``, every SM already has work: no
+    split.  Otherwise, and when ``max_context`` (the block table's capacity in tokens, a static
+    shape, so the choice is fixed for a captured graph) is at least :data:`SPLIT_MIN_CONTEXT`,
+    split the context so that about 4 programs run per SM, with at least
+    :data:`MIN_SPLIT_TOKENS` tokens per split and at most :data:`MAX_SPLITS` splits.
+    """
+    programs = batch * kv_heads
+    if max_context < SPLIT_MIN_CONTEXT or programs >= 2 * num_sms or programs < 1:
+        return 1
+    want = -(-4 * num_sms // programs)
+    return max(1, min(want, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+def split_bounds(context_lens: torch.Tensor, num_splits: int, tile: int) -> torch.Tensor:
+    """Tiles per split for each row: ``ceil(ceil(ctx / tile) / num_splits)`` (at least 1), ``[B]`` int64.
+
+    Split ``s`` of a row covers context tiles ``[s * per, min((s + 1) * per, ceil(ctx / tile)))``
+    of ``tile`` tokens, so the splits of a row partition its context and trailing splits may be
+    empty; the Triton kernel uses the same rule.
+    """
+    n_tiles = (context_lens.long() + tile - 1) // tile
+    return ((n_tiles + num_splits - 1) // num_splits).clamp_min(1)
+
+
+def split_partials_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_splits: int, tile: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's normalised partial output ``o: [B, H, S, D]`` and log-sum-exp ``lse: [B, H, S]``
+    (float32; an empty split has ``o = 0`` and ``lse = -inf``), chunks as in :func:`split_bounds`.
+
+    With ``m_s`` the split's largest score and ``l_s = sum exp(score - m_s)`` over its tokens:
+    ``o_s = sum exp(score - m_s) v / l_s`` and ``lse_s = m_s + log l_s``.
+    """
+    b, h, d = q.shape
+    kvh = k_cache.shape[2]
+    bt = block_tables.long()
+    k = k_cache[bt].reshape(b, -1, kvh, d).float()  # [B, T, KVH, D]
+    v = v_cache[bt].reshape(b, -1, kvh, d).float()
+    qg = q.float().view(b, kvh, h // kvh, d)
+    scores = torch.einsum("bkgd,btkd->bkgt", qg, k) * scale  # [B, KVH, G, T]
+    pos = torch.arange(k.shape[1], device=q.device)
+    chunk = (pos[None, :] // tile) // split_bounds(context_lens, num_splits, tile)[:, None]  # [B, T]
+    valid = pos[None, :] < context_lens.long()[:, None]
+    member = (chunk[:, None, :] == torch.arange(num_splits, device=q.device)[None, :, None]) & valid[:, None, :]
+    s = scores[:, :, :, None, :].masked_fill(~member[:, None, None], float("-inf"))  # [B, KVH, G, S, T]
+    m = s.amax(-1)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m[..., None])
+    lsum = p.sum(-1)
+    o = torch.einsum("bkgst,btkd->bkgsd", p, v) / lsum.clamp_min(1e-30)[..., None]
+    lse = torch.where(lsum > 0, m + torch.log(lsum.clamp_min(1e-30)), torch.full_like(m, float("-inf")))
+    return o.reshape(b, h, num_splits, d), lse.reshape(b, h, num_splits)
+
+
+def combine_splits(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Merge split partials ``o: [..., S, D]``, ``lse: [..., S]`` into ``[..., D]`` (float32):
+    ``sum_s exp(lse_s - M) o_s / sum_s exp(lse_s - M)`` with ``M = max_s lse_s``; 0 where every
+    split is empty (a row with no context)."""
+    mx = lse.amax(-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    w = torch.exp(lse - mx)  # 0 for an empty split
+    den = w.sum(-1, keepdim=True)
+    return (w[..., None] * o.float()).sum(-2) / den.clamp_min(1e-30)
+
+
+def decode_attention_split_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_splits: int, tile: int | None = None,
+) -> torch.Tensor:
+    """Split-KV (flash-decoding) reference: :func:`split_partials_torch` then :func:`combine_splits`.
+    ``tile`` defaults to the block size.  Returns ``[B, H, D]`` in ``q.dtype``; equals
+    :func:`decode_attention_torch` up to float rounding for any ``num_splits >= 1``."""
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    o, lse = split_partials_torch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                                  tile or k_cache.shape[1])
+    return combine_splits(o, lse).to(q.dtype)
+
+
 def _triton_available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
@@ -79,13 +174,19 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 def decode_attention(
     backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Paged decode attention with a resolved ``backend`` (``triton`` | ``torch``); see the module docstring."""
+    """Paged decode attention with a resolved ``backend`` (``triton`` | ``torch``); see the module docstring.
+
+    ``num_splits``: context splits (flash-decoding); None = :func:`choose_num_splits` on the
+    Triton path, unsplit on the torch path (the split torch reference is for tests, not speed).
+    """
     if backend == "triton":
         from rlforge.rollout.native.triton_attention import paged_decode_attention
 
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
+    if num_splits is not None and num_splits > 1:
+        return decode_attention_split_torch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits)
     return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
