@@ -54,13 +54,20 @@ class ModelConfig:
     """Pack sequences without padding tokens in forward (varlen attention: ``rlforge_varlen`` on
     CUDA unless ``override_config.attn_implementation`` is set)."""
     lora_rank: int = 0
-    """LoRA rank; 0 = full fine-tuning."""
+    """LoRA rank (peft ``r``); 0 = full fine-tuning; >= 0.  With a rank, only the adapter is
+    trained, the reference is the base model with the adapter disabled and checkpoints hold the
+    adapter (:mod:`rlforge.models.lora`)."""
     lora_alpha: int = 16
-    """LoRA scaling numerator (scale = alpha / rank)."""
+    """LoRA scaling numerator (scale = alpha / rank); > 0; only with ``lora_rank`` > 0."""
     target_modules: Any = "all-linear"
-    """LoRA target modules: ``all-linear`` or a list of module names."""
+    """LoRA target modules: ``all-linear`` (every linear layer but the LM head), or a list of module
+    names (suffixes, as peft matches them: ``[q_proj, v_proj]``) or one regex string matched
+    against full module names.  An entry that matches no module is an error listing those that exist."""
     exclude_modules: Any = None
-    """Modules excluded from LoRA (regex or list); None = none."""
+    """Modules excluded from LoRA (list of names or one regex, as ``target_modules``); None = none."""
+    lora_adapter_path: str | None = None
+    """A peft adapter folder (``adapter_config.json`` + weights) to start training from; its own
+    rank, alpha and target modules are used.  None = a new adapter (``lora_rank`` > 0)."""
     use_liger: bool = False
     """Replace RMSNorm, the SwiGLU MLP and RoPE with liger-kernel's fused Triton kernels, in the
     actor, reference and rollout copies (:mod:`rlforge.engine.liger`).  CUDA with liger-kernel

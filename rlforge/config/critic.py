@@ -39,11 +39,16 @@ class CriticModelConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings."""
     lora_rank: int = 0
-    """LoRA rank; 0 = full fine-tuning."""
+    """LoRA rank of the value model; 0 = full fine-tuning; >= 0.  The value head (``score``) is
+    trained whole beside the adapter."""
     lora_alpha: int = 16
-    """LoRA scaling numerator."""
+    """LoRA scaling numerator (scale = alpha / rank); > 0; only with ``lora_rank`` > 0."""
     target_modules: Any = "all-linear"
-    """LoRA target modules."""
+    """LoRA target modules, as ``actor_rollout_ref.model.target_modules``."""
+    exclude_modules: Any = None
+    """Modules excluded from LoRA; None = none."""
+    lora_adapter_path: str | None = None
+    """A peft adapter folder to start the critic from; None = a new adapter."""
 
 
 @dataclass

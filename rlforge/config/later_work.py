@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.config.actor import ActorConfig, ModelConfig
+from rlforge.config.actor import ActorConfig
 from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig, hf_model_only
-from rlforge.config.critic import CriticModelConfig
 from rlforge.config.rollout import RolloutConfig
 from rlforge.config.trainer import TrainerConfig
 from rlforge.errors import ConfigError
@@ -126,15 +125,10 @@ def _fsdp_rows(node: str, strategy_key: str) -> list[LaterWork]:
     return rows
 
 
-_LORA = "{key}={value}: LoRA is not available in this build yet; training all parameters (full fine-tuning)"
-
-
-def _model_rows(node: str, cls: type, role: str) -> list[LaterWork]:
-    """LoRA and loading keys of the model block at ``node`` (``cls``); ``role`` names it in messages."""
-    lora = tuple(n for n in ("lora_alpha", "target_modules", "exclude_modules") if n in {f.name for f in dataclasses.fields(cls)})
+def _model_rows(node: str, role: str) -> list[LaterWork]:
+    """Loading keys of the model block at ``node``; ``role`` names it in messages.  (Its LoRA keys
+    take effect: :mod:`rlforge.models.lora`, checked by ``validate._check_lora``.)"""
     return [
-        LaterWork(f"{node}.lora_rank", lambda v: v > 0, _LORA),
-        *_unless_default(node, cls, lora, "{key}={value}: LoRA is not available in this build yet (lora_rank); ignored"),
         LaterWork(f"{node}.use_shm", lambda v: v is True, "{key}=True: the " + role + " weights are read straight from "
                   "their files; ignored"),
     ]
@@ -251,8 +245,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
               "{key}=True: the reference policy has no optimizer; ignored"),
     # model
-    *_model_rows(f"{_ARR}.model", ModelConfig, "policy's"),
-    *_model_rows("critic.model", CriticModelConfig, "critic's"),
+    *_model_rows(f"{_ARR}.model", "policy's"),
+    *_model_rows("critic.model", "critic's"),
     LaterWork(f"{_ARR}.model.custom_chat_template", lambda v: v is not None,
               "{key} is not applied in this build yet; prompts use the tokenizer's own chat template"),
     LaterWork(f"{_ARR}.model.external_lib", lambda v: v is not None,

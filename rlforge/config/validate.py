@@ -106,6 +106,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
     _check_megatron(cfg, world.size, world.source)
+    _check_lora(cfg)
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
     return _warnings(cfg) + precision + _profile_step_warnings(cfg)
 
@@ -142,6 +143,21 @@ def _check_megatron(cfg: RLForgeConfig, world: int, source: str) -> None:
                 f"not divide the world size {world} ({source}); choose sizes whose product divides {world}"
             )
         parallel_dims(block, max(world, 1), key)
+
+
+def _check_lora(cfg: RLForgeConfig) -> None:
+    """The LoRA keys of the policy and the critic (:func:`rlforge.models.lora.check_lora_keys`);
+    LoRA needs ``strategy=fsdp`` or ``fsdp2`` (the model-dependent checks run when it is applied)."""
+    from rlforge.models.lora import check_lora_keys, lora_enabled
+
+    for node, model, strategy_key, strategy in (
+        (f"{_ARR}.model", cfg.actor_rollout_ref.model, f"{_ARR}.actor.strategy", cfg.actor_rollout_ref.actor.strategy),
+        ("critic.model", cfg.critic.model, "critic.strategy", cfg.critic.strategy),
+    ):
+        check_lora_keys(model, node)
+        if lora_enabled(model) and strategy == "megatron" and (node != "critic.model" or uses_critic(cfg)):
+            raise ConfigError(f"{node}.lora_rank={model.lora_rank} with {strategy_key}=megatron: LoRA is not built "
+                              f"for tensor/pipeline parallelism yet; use {strategy_key}=fsdp2")
 
 
 def _check_policy_loss(cfg: RLForgeConfig) -> None:

@@ -22,7 +22,7 @@ bypasses FSDP1's root forward); use ``strategy=fsdp2`` for FlowRL.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -98,12 +98,15 @@ class FSDP1Engine(ShardedEngine):
     def _clip_grad_norm(self, max_norm: float) -> float:
         return float(self.module.clip_grad_norm_(max_norm))
 
-    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """FSDP1: the full state dict is gathered unit by unit into CPU memory on every rank
-        first (peak: one full CPU copy per rank), then yielded tensor by tensor."""
+        first (peak: one full CPU copy per rank), then yielded tensor by tensor (those for which
+        ``keep(name)`` is true, when given)."""
         dest = torch.device(device) if device is not None else self.device
         cfg = FullStateDictConfig(offload_to_cpu=self.device.type != "cpu", rank0_only=False)  # CPU: segfaults
         with FullyShardedDataParallel.state_dict_type(self.module, StateDictType.FULL_STATE_DICT, cfg):
             full = self.module.state_dict()
         for name, t in full.items():
-            yield clean_name(name), t.to(dest)
+            if keep is None or keep(clean_name(name)):
+                yield clean_name(name), t.to(dest)

@@ -32,7 +32,7 @@ Every rank must hold identical initial weights (same seed or the same checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -133,9 +133,14 @@ class FSDP2Engine(ShardedEngine):
             norm = norm.full_tensor()
         return float(norm)
 
-    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """As :meth:`ShardedEngine.full_params_iter`; ``keep(name)`` False skips a tensor without
+        gathering it (the same predicate on every rank)."""
         dest = torch.device(device) if device is not None else self.device
         for name, t in self.module.state_dict().items():
+            if keep is not None and not keep(name):
+                continue
             if isinstance(t, DTensor):
                 if t.device != self.device:  # CPUOffloadPolicy: shards on CPU, gather on the device
                     t = t.to(self.device)

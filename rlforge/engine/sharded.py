@@ -125,6 +125,9 @@ class ShardedEngine(TrainEngine):
     offloaded: OffloadedOptimizer | None = None
     """The host-resident optimizer state with ``fsdp_config.optimizer_offload`` (without
     parameter offload, which already runs the optimizer on the CPU); else None."""
+    trainable_state_only: bool = False
+    """``state_dict`` holds only the parameters that train (a LoRA adapter: the frozen base is not
+    saved) and ``load_state_dict`` expects exactly those; set by the job builder."""
 
     def __init__(
         self, module: nn.Module, device: torch.device, *, fsdp_config: Any = None,
@@ -244,7 +247,8 @@ class ShardedEngine(TrainEngine):
     @property
     def _OPTS(self) -> StateDictOptions:  # noqa: N802
         # On a CPU device the tensors already are on CPU; FSDP1's CPU-offload path crashes there.
-        return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
+        return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu",
+                                ignore_frozen_params=self.trainable_state_only)
 
     def state_dict(self) -> dict[str, Any]:
         """Full (unsharded) CPU state; a collective (all ranks call it).  Only rank 0 gets
@@ -257,12 +261,28 @@ class ShardedEngine(TrainEngine):
             with self._state_on_device():
                 model, fqn_optim = get_state_dict(self.module, [self.optimizer], options=self._OPTS)
             optim = _fqn_to_index(fqn_optim) if fqn_optim else {}
+        if self.trainable_state_only:  # DCP keeps frozen aliases (a tied lm_head.weight): drop them too
+            want = self._trainable_names()
+            model = {k: v for k, v in model.items() if k in want}
         return {"model": model, "optimizer": optim,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
 
+    def _trainable_names(self) -> set[str]:
+        return {clean_name(n) for n, p in self.module.named_parameters() if p.requires_grad}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a full state (every rank passes the whole dict, e.g. each reads the file)."""
-        opts = StateDictOptions(full_state_dict=True)
+        """Restore a full state (every rank passes the whole dict, e.g. each reads the file).
+
+        Raises:
+            ValueError: with :attr:`trainable_state_only`, a model state whose keys are not
+                exactly the trainable parameters' (e.g. a full fine-tuning checkpoint).
+        """
+        opts = StateDictOptions(full_state_dict=True, strict=not self.trainable_state_only)
+        if self.trainable_state_only:
+            want = self._trainable_names()
+            extra, missing = sorted(set(state["model"]) - want), sorted(want - set(state["model"]))
+            if extra or missing:
+                raise ValueError(f"the saved model state is not this adapter's (extra {extra[:2]}, missing {missing[:2]})")
         if self.optimizer is not None and state.get("optimizer"):
             optim = _index_to_fqn(state["optimizer"], self._param_names())
             with self._state_on_device():
@@ -283,10 +303,11 @@ class ShardedEngine(TrainEngine):
         return [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
 
     # ------------------------------------------------------------------ weight sync
-    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` for every state_dict entry, gathered one at a time
         (collective: all ranks iterate together).  ``device``: where the tensors go
-        (default: this engine's device)."""
+        (default: this engine's device); ``keep``: a name filter (None = all)."""
         raise NotImplementedError
 
     @torch.no_grad()

@@ -18,12 +18,15 @@ from rlforge.algorithms import POLICY_LOSSES
 from rlforge.config import uses_critic
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine import ENGINES, TrainEngine
+from rlforge.engine.adapter_off import AdapterOffEngine
+from rlforge.engine.base import copy_full_params
 from rlforge.engine.distributed import init_distributed, init_single_process
 from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
 from rlforge.models.log_z import PolicyWithLogZ
+from rlforge.models.lora import LoraPlan, adapted_names, apply_lora, lora_enabled, merged_params
 from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
@@ -147,6 +150,7 @@ class Job:
     val_loader: PromptLoader | None
     total_steps: int
     sync_rollout: Any  # () -> None: make the actor's new weights visible to the rollout
+    actor_lora: LoraPlan | None = None  # the actor's LoRA adapter (model.lora_rank > 0), else None
 
 
 def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_config: Any, optim_cfg: Any | None,
@@ -245,7 +249,14 @@ def build_job(cfg: Any) -> Job:
     loss_needs_ref = bool(getattr(loss_fn, "needs_ref_log_prob", lambda _cfg: False)(arr.actor))
     need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or loss_needs_ref
     ref = None
-    if need_ref:
+    lora: LoraPlan | None = None
+    rollout_copy: torch.nn.Module | None = None
+    if lora_enabled(arr.model):
+        # The rollout's copy is the plain base model (the adapter is merged into it on every sync);
+        # the reference is the actor's own module with the adapter off (built after the actor).
+        rollout_copy = copy.deepcopy(actor_module).to(dtype=rollout_weights_dtype(device))
+        lora = apply_lora(actor_module, arr.model, "actor_rollout_ref.model", str(arr.model.path))
+    if need_ref and lora is None:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
         ref_engine = _engine(engine_name(arr.actor.strategy), ref_module, device, fsdp_config=arr.ref.fsdp_config,
                              optim_cfg=None, total_steps=steps, optim_key="", megatron_config=arr.ref.megatron,
@@ -262,7 +273,8 @@ def build_job(cfg: Any) -> Job:
     # The engine shards the actor (also on one device: its parameters become DTensors), so the
     # rollout generates with its own full copy in the compute dtype, refreshed from the shards
     # after every update, one tensor at a time.
-    rollout_copy = copy.deepcopy(trained).to(dtype=rollout_weights_dtype(device))
+    if rollout_copy is None:
+        rollout_copy = copy.deepcopy(trained).to(dtype=rollout_weights_dtype(device))
     actor_engine = _engine(
         engine_name(arr.actor.strategy), trained, device, fsdp_config=arr.actor.fsdp_config, optim_cfg=arr.actor.optim,
         total_steps=steps, optim_key="actor_rollout_ref.actor.optim", grad_clip=arr.actor.grad_clip,
@@ -274,6 +286,11 @@ def build_job(cfg: Any) -> Job:
                   remove_padding=remove_padding and actor_engine.packed_forward,
                   head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, actor_module,
                                                   actor_engine, "actor_rollout_ref.actor.use_fused_kernels"))
+    if lora is not None:
+        actor_engine.trainable_state_only = True  # checkpoints hold the adapter and its optimizer state
+        if need_ref:
+            ref = LogProbModel(AdapterOffEngine(actor_engine), sizes["ref_micro"], budgets["ref"],
+                               remove_padding and actor_engine.packed_forward, actor.head_chunk_size)
 
     critic = None
     if uses_critic(cfg):
@@ -282,11 +299,15 @@ def build_job(cfg: Any) -> Job:
         )
         maybe_select_varlen(critic_module, device, bool(cfg.critic.model.use_remove_padding)
                             and _packs(cfg.critic.strategy), cfg.critic.model.override_config)
+        critic_lora = lora_enabled(cfg.critic.model)
+        if critic_lora:  # the value head is trained whole beside the adapter
+            apply_lora(critic_module, cfg.critic.model, "critic.model", critic_model_path(cfg), trainable=("score",))
         critic_engine = _engine(
             engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
             optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,
             model_cfg=cfg.critic.model, megatron_config=cfg.critic.megatron, role_key="critic",
         )
+        critic_engine.trainable_state_only = critic_lora
         critic = Critic(critic_engine, cfg.critic, sizes["critic_mini"], sizes["critic_micro"],
                         sizes["critic_forward_micro"], budgets["critic"], budgets["critic_forward"],
                         bool(cfg.critic.model.use_remove_padding) and critic_engine.packed_forward)
@@ -294,15 +315,23 @@ def build_job(cfg: Any) -> Job:
     eos_ids = _eos_ids(tokenizer, actor_module)
     rollout_copy.to(device)
     rollout_lm = rollout_copy.lm if isinstance(rollout_copy, PolicyWithLogZ) else rollout_copy
+    prefix = "lm." if needs_log_z else ""
     rollout = ROLLOUTS.get(rollout_name(cfg, rollout_lm)).from_config(
         rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
     reward = build_reward_manager(cfg, tokenizer)
     def sync_rollout() -> None:
-        actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)
+        if lora is None:
+            actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)
+            return
+        # LoRA: only the adapted layers change; each is gathered and merged (W + scaling * B @ A).
+        full = actor_engine.full_params_iter(keep=adapted_names(lora, prefix))
+        copy_full_params(merged_params(full, lora, prefix), rollout_lm)
 
+    if lora is not None and arr.model.lora_adapter_path:
+        sync_rollout()  # the starting adapter is not zero
     return Job(tokenizer, device, actor, rollout_lm, ref, critic, rollout, reward, train_loader, val_loader, steps,
-               sync_rollout)
+               sync_rollout, lora)
 
 
 def _eos_ids(tokenizer: Any, module: torch.nn.Module) -> list[int]:

@@ -12,7 +12,7 @@ a recording subclass (:class:`ReadRecorder`).  Reads that only look at the confi
 validation, the later-work warnings, printing and dumping the config (:data:`NOT_CONSUMING`), and
 anything done inside OmegaConf or ``dataclasses``.  Reading is a proxy for "changes what the job
 does"; for the keys that matter most the effect itself is checked (offload, regional compile) or
-the warning's text (LoRA, Liger).
+the warning's text (Liger).
 
 Keys that only some modes read get a run in that mode (:data:`RUNS`: native vs hf rollout, FSDP2
 vs FSDP1 vs ``strategy=megatron``, a critic, a reference, FlowRL, checkpoints, validation), the
@@ -484,8 +484,8 @@ def test_torch_compile_reaches_the_engine(runs) -> None:
 
 
 @pytest.mark.parametrize("key, value, text", [
-    (f"{M}.lora_rank", 8, "LoRA is not available"),
-    ("critic.model.lora_rank", 8, "LoRA is not available"),
+    (f"{M}.lora_rank", 8, None),  # effective (rlforge.models.lora): no warning
+    ("critic.model.lora_rank", 8, None),
     (f"{M}.use_liger", True, f"{M}.use_liger"),
     (f"{A}.use_torch_compile", False, None),  # effective (regional compile on CUDA): no warning either way
     (f"{A}.fsdp_config.param_offload", True, None),  # effective on one process too: no warning
@@ -555,7 +555,7 @@ def test_detector_finds_a_made_up_key_and_a_lost_read(runs) -> None:
     cfg = _fresh(out["native_fsdp2"])
     model = cfg.actor_rollout_ref.model
     cfg.actor_rollout_ref.model = model_plus(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
-    assert not_reported(cfg, [f"{M}.made_up_key", f"{M}.lora_rank"], root=root_plus) == [f"{M}.made_up_key"]
+    assert not_reported(cfg, [f"{M}.made_up_key", f"{M}.use_shm"], root=root_plus) == [f"{M}.made_up_key"]
     # an existing, consumed key that the code stopped reading
     assert not_reported(_fresh(out["native_fsdp2"]), [f"{A}.ppo_epochs"]) == [f"{A}.ppo_epochs"]
     assert f"{A}.ppo_epochs" in read
