@@ -19,6 +19,12 @@ FlowRL's log Z head (``policy_loss.flowrl``) is not part of the LM; it is writte
 ``log_z_head.safetensors`` only where the run's ``flowrl.export_log_z`` says so, as the run's own
 ``hf_model`` export does.  ``override_config.attn_implementation`` is a run-time kernel choice and
 is not written into the exported ``config.json``.
+
+A LoRA checkpoint (``model.lora_rank > 0``) holds the adapter only (and its settings, ``lora``):
+the base model is loaded from the run's model path with its weights, the adapter is injected
+and loaded, and ``out`` becomes a peft adapter folder (``adapter_config.json``,
+``adapter_model.safetensors``, the tokenizer; ``peft.PeftModel.from_pretrained(base, out)``), or
+with ``merge=True`` (``--merge``) a plain Hugging Face model with ``W + scaling * B @ A`` merged in.
 """
 
 from __future__ import annotations
@@ -70,7 +76,8 @@ def find_checkpoint(path: str | Path) -> Path:
 def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None) -> dict[str, Any]:
     """``{path, tokenizer_path, override_config, export_log_z}`` of the checkpoint's actor."""
     if model_path:
-        return {"path": model_path, "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False}
+        return {"path": model_path, "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False,
+                "seed": 1}
     cfg_file = ckpt / CONFIG_FILE
     if cfg_file.is_file():
         from omegaconf import OmegaConf
@@ -88,10 +95,12 @@ def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None
         return {"path": str(model.path), "tokenizer_path": tokenizer_path or model.get("tokenizer_path"),
                 "override_config": dict(override or {}),
                 "export_log_z": bool(OmegaConf.select(cfg, "actor_rollout_ref.actor.policy_loss.flowrl.export_log_z",
-                                                      default=False))}
+                                                      default=False)),
+                "seed": int(OmegaConf.select(cfg, "data.seed", default=None) or 1)}  # a preset's weights
     hf = ckpt / _HF_EXPORT
     if (hf / "config.json").is_file():
-        return {"path": str(hf), "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False}
+        return {"path": str(hf), "tokenizer_path": tokenizer_path, "override_config": {}, "export_log_z": False,
+                "seed": 1}
     raise CheckpointError(f"{ckpt} has neither {CONFIG_FILE} nor {_HF_EXPORT}/config.json, so the model it was "
                           "trained from is unknown; pass --model-path (the run's actor_rollout_ref.model.path)")
 
@@ -138,11 +147,41 @@ def build_model(source: dict[str, Any], state: dict[str, Any], where: Path) -> t
     return tok, model.eval()
 
 
+def _lora_model(source: dict[str, Any], lora: dict[str, Any], state: dict[str, Any],
+                where: Path) -> tuple[Any, Any, Any]:
+    """The tokenizer, the base causal LM of ``source`` (its weights loaded) with the saved
+    adapter (``lora``: :meth:`rlforge.models.lora.LoraPlan.state`; ``state``: its tensors) injected,
+    and the adapter's :class:`~rlforge.models.lora.LoraPlan`.
+
+    Raises:
+        CheckpointError: the adapter does not fit that base model.
+    """
+    from peft import inject_adapter_in_model
+
+    from rlforge.models import load_causal_lm, load_tokenizer
+    from rlforge.models.lora import ADAPTER, is_adapter_key, plan_from_state
+
+    tok = load_tokenizer(source["path"], source["tokenizer_path"])
+    override = {k: v for k, v in source["override_config"].items() if k != "attn_implementation"}
+    model = load_causal_lm(source["path"], tok, override, seed=source["seed"])
+    plan = plan_from_state(lora)
+    inject_adapter_in_model(plan.config, model, adapter_name=ADAPTER)
+    adapter = {k: v for k, v in state.items() if is_adapter_key(k)}
+    result = model.load_state_dict(adapter, strict=False)
+    missing = [k for k in result.missing_keys if is_adapter_key(k)]
+    if result.unexpected_keys or missing:
+        raise CheckpointError(f"{where}: the saved adapter does not fit the model built from {source['path']}: "
+                              f"{(result.unexpected_keys or missing)[:3]}; pass --model-path with the run's model")
+    return tok, model.eval(), plan
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32",
-                      model_path: str | None = None, tokenizer_path: str | None = None) -> Path:
+                      model_path: str | None = None, tokenizer_path: str | None = None,
+                      merge: bool = False) -> Path:
     """Write the actor of ``checkpoint`` (a ``global_step_N`` or run folder) to ``out`` as a
     Hugging Face folder: ``config.json``, ``model.safetensors`` (or shards), the generation config
-    and the tokenizer.  ``out`` is written into a temporary sibling and renamed into place.
+    and the tokenizer; for a LoRA checkpoint a peft adapter folder, or the merged model with
+    ``merge``.  ``out`` is written into a temporary sibling and renamed into place.
     Returns the checkpoint folder exported.
 
     Raises:
@@ -160,18 +199,39 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not an empty folder; choose a new folder")
     source = _model_source(ckpt, model_path, tokenizer_path)
+    part = load_part(ckpt, "actor")
     try:
-        state = load_part(ckpt, "actor")["model"]
+        state = part["model"]
     except (KeyError, TypeError):
         raise CheckpointError(f"{ckpt / 'actor' / 'state.pt'} holds no model state") from None
     lm_state, head_state = _split_log_z(state)
-    tok, model = build_model(source, lm_state, ckpt / "actor" / "state.pt")
+    plan = None
+    if part.get("lora"):
+        tok, model, plan = _lora_model(source, part["lora"], lm_state, ckpt / "actor" / "state.pt")
+        if merge:
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            for name, m in list(model.named_modules()):
+                if isinstance(m, BaseTunerLayer):
+                    m.merge()
+                    parent, _, leaf = name.rpartition(".")
+                    setattr(model.get_submodule(parent) if parent else model, leaf, m.get_base_layer())
+            plan = None
+    else:
+        if merge:
+            raise CheckpointError(f"--merge: {ckpt} is not a LoRA checkpoint (it holds the full model already)")
+        tok, model = build_model(source, lm_state, ckpt / "actor" / "state.pt")
     model.to(getattr(torch, dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp)
+        if plan is not None:
+            from rlforge.models.lora import write_adapter_folder
+
+            write_adapter_folder(tmp, plan, dict(model.state_dict()))
+        else:
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if head_state and source["export_log_z"]:
             from safetensors.torch import save_file
@@ -199,12 +259,14 @@ def add_export_parser(sub: Any) -> None:
                    help="dtype of the written weights (default float32: the master weights as trained)")
     e.add_argument("--model-path", default=None, metavar="P",
                    help="the run's actor_rollout_ref.model.path, for checkpoints that lack config.yaml")
+    e.add_argument("--merge", action="store_true",
+                   help="LoRA checkpoints: write the merged model (base + adapter) instead of a peft adapter folder")
     e.add_argument("--tokenizer-path", default=None, metavar="P",
                    help="a tokenizer other than the run's (default: the run's model.tokenizer_path or model)")
 
 
 def run_export(args: argparse.Namespace) -> int:
     """``rlforge export``: export, print where, return 0 (user errors propagate as RLForgeError)."""
-    ckpt = export_checkpoint(args.checkpoint, args.out, args.dtype, args.model_path, args.tokenizer_path)
+    ckpt = export_checkpoint(args.checkpoint, args.out, args.dtype, args.model_path, args.tokenizer_path, args.merge)
     print(f"wrote {args.out} (Hugging Face model + tokenizer) from {ckpt}", flush=True)
     return 0

@@ -135,6 +135,8 @@ class PPOTrainer:
         """A checkpoint at ``trainer.save_freq``; with ``actor.checkpoint.save_contents=[hf_model]``
         alone, only the policy's Hugging Face folder (:func:`rlforge.config.common.hf_model_only`)."""
         parts: dict[str, dict[str, Any]] = {"actor": self.job.actor.engine.state_dict()}
+        if self.job.actor_lora is not None:  # the adapter's settings, for `rlforge export`
+            parts["actor"]["lora"] = self.job.actor_lora.state()
         if hf_model_only(self.cfg.actor_rollout_ref.actor.checkpoint.save_contents):
             if self.rank == 0:
                 ckpt.save_checkpoint(self.out_dir, self.global_step, {}, self.cfg.trainer.max_actor_ckpt_to_keep,
@@ -160,7 +162,7 @@ class PPOTrainer:
 
     def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
-        (``actor/huggingface``) with the tokenizer; FlowRL's log Z head only when
+        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; FlowRL's log Z head only when
         ``policy_loss.flowrl.export_log_z`` asks for it.  The weights come from the engine's full
         (gathered, CPU, master-dtype) ``model_state``, not from the rollout's compute-dtype copy."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
@@ -171,9 +173,15 @@ class PPOTrainer:
         lm_state = {k[3:]: v for k, v in model_state.items() if k.startswith("lm.")} if wrapped else model_state
         head = {k[len("log_z_head."):]: v for k, v in model_state.items() if k.startswith("log_z_head.")}
         export_head = bool(head) and actor_cfg.policy_loss.flowrl.export_log_z
+        plan = self.job.actor_lora
 
         def write(folder: Path) -> None:
-            lm.save_pretrained(folder, state_dict=lm_state)
+            if plan is not None:  # LoRA: a peft adapter folder (PeftModel.from_pretrained(base, folder))
+                from rlforge.models.lora import write_adapter_folder
+
+                write_adapter_folder(folder, plan, lm_state)
+            else:
+                lm.save_pretrained(folder, state_dict=lm_state)
             tok.save_pretrained(folder)
             if export_head:
                 from safetensors.torch import save_file
