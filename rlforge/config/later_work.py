@@ -219,8 +219,6 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.multi_stage_wake_up", lambda v: v is True,
               "{key}=True: the native engine wakes in one stage (KV cache and graphs), timed as rollout/wake_s; "
               "ignored"),
-    LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: bool(v), _NOT_HERE,
-              lambda c: c.actor_rollout_ref.rollout.multi_turn.get("enable", False)),
     LaterWork(f"{_ARR}.hybrid_engine", lambda v: v is False, "{key}=False is not available; actor and rollout share one process"),
     LaterWork(f"{_ARR}.model.use_remove_padding", lambda v: v[0] and v[1] == "megatron",
               "{key}=True has no effect with strategy=megatron (pipeline micro-batches are padded to one shape); "

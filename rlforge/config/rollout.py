@@ -106,7 +106,11 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
     multi_turn: dict[str, Any] = field(default_factory=lambda: {"enable": False})
-    """Free-form multi-turn/tool settings (verl ``multi_turn.*``); ``enable: False`` = single turn."""
+    """verl's multi-turn/tool settings (``multi_turn.{enable, max_assistant_turns, max_user_turns,
+    max_parallel_calls, max_tool_response_length, tool_response_truncate_side, tool_config_path,
+    interaction_config_path, format, tool_timeout_s}``), checked by
+    :class:`rlforge.rollout.multi_turn.config.MultiTurnConfig` (sub-keys, types, defaults);
+    ``enable: False`` = single turn.  Needs ``rollout.name=native``."""
     agent: dict[str, Any] = field(default_factory=dict)
     """Free-form agent-loop settings (verl ``agent.*``)."""
     trace: dict[str, Any] = field(default_factory=dict)

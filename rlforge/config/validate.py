@@ -107,6 +107,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_policy_loss(cfg)
     _check_megatron(cfg, world.size, world.source)
     _check_lora(cfg)
+    _check_multi_turn(cfg)
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
     return _warnings(cfg) + precision + _profile_step_warnings(cfg)
 
@@ -143,6 +144,13 @@ def _check_megatron(cfg: RLForgeConfig, world: int, source: str) -> None:
                 f"not divide the world size {world} ({source}); choose sizes whose product divides {world}"
             )
         parallel_dims(block, max(world, 1), key)
+
+
+def _check_multi_turn(cfg: RLForgeConfig) -> None:
+    """``rollout.multi_turn.*``: its keys, and its tool / interaction files (before any model loads)."""
+    from rlforge.rollout.multi_turn.setup import check_multi_turn
+
+    check_multi_turn(cfg)
 
 
 def _check_lora(cfg: RLForgeConfig) -> None:

@@ -32,6 +32,7 @@ from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.roles.fused_head import fused_head_unsupported
 from rlforge.rollout import ROLLOUTS, Rollout
+from rlforge.rollout.multi_turn.setup import maybe_multi_turn
 from rlforge.trainer import spmd
 
 
@@ -319,6 +320,7 @@ def build_job(cfg: Any) -> Job:
     rollout = ROLLOUTS.get(rollout_name(cfg, rollout_lm)).from_config(
         rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
+    rollout = maybe_multi_turn(rollout, cfg, tokenizer)  # rollout.multi_turn.enable: the agent loop
     reward = build_reward_manager(cfg, tokenizer)
     def sync_rollout() -> None:
         if lora is None:

@@ -119,6 +119,20 @@ class MultiTurnNativeRollout(NativeRollout):
                  interactions: dict[str, Any] | None = None, reuse_kv: bool = True, max_workers: int = 32,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._init_agent(tokenizer=tokenizer, multi_turn=multi_turn, tools=tools, interactions=interactions,
+                         reuse_kv=reuse_kv, max_workers=max_workers)
+
+    @classmethod
+    def from_native(cls, native: NativeRollout, **kwargs: Any) -> MultiTurnNativeRollout:
+        """The agent loop with every setting of the built ``native`` rollout (``NativeRollout.from_config``),
+        plus the keyword arguments of :meth:`__init__` beyond NativeRollout's."""
+        obj = cls.__new__(cls)
+        obj.__dict__.update(native.__dict__)
+        MultiTurnNativeRollout._init_agent(obj, **kwargs)
+        return obj
+
+    def _init_agent(self, *, tokenizer: Any, multi_turn: MultiTurnConfig, tools: dict[str, Any] | None = None,
+                    interactions: dict[str, Any] | None = None, reuse_kv: bool = True, max_workers: int = 32) -> None:
         self.tokenizer = tokenizer
         self.mt = multi_turn
         self.tools = dict(tools or {})
@@ -126,7 +140,6 @@ class MultiTurnNativeRollout(NativeRollout):
         self.reuse_kv = reuse_kv
         self.max_workers = max_workers
         self.renderer = TurnRenderer(tokenizer, self.eos_ids)
-        self._eos_text = [tokenizer.convert_ids_to_tokens(e) for e in self.eos_ids]
 
     # ------------------------------------------------------------------ per-sample setup
     def _conversations(self, prompts: Batch) -> list[Conversation]:
