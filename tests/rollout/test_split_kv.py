@@ -115,7 +115,7 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(16, 2, 1024, sms) == 1  # short context: the combine launch is not worth it
     for b, kvh in [(1, 2), (1, 8), (16, 2), (16, 4), (64, 2), (64, 4)]:
         s = choose_num_splits(b, kvh, 8192, sms)
-        assert 1 < s <= MAX_SPLITS and s * MIN_SPLIT_TOKENS <= 8192, (b, kvh, s)
+        assert 1 < s <= MAX_SPLITS and s * MIN_SPLIT_TOKENS <= 8192 and s & (s - 1) == 0, (b, kvh, s)
         assert b * kvh * s >= min(2 * sms, b * kvh * min(MAX_SPLITS, 8192 // MIN_SPLIT_TOKENS))  # the SMs get work
     assert choose_num_splits(16, 2, 8192, sms) > choose_num_splits(64, 2, 8192, sms)  # fewer rows, more splits
     assert choose_num_splits(1, 2, 2048, sms) == 2048 // MIN_SPLIT_TOKENS  # capped by tokens per split

@@ -72,13 +72,14 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, num_sms: int)
     split.  Otherwise, and when ``max_context`` (the block table's capacity in tokens, a static
     shape, so the choice is fixed for a captured graph) is at least :data:`SPLIT_MIN_CONTEXT`,
     split the context so that about 4 programs run per SM, with at least
-    :data:`MIN_SPLIT_TOKENS` tokens per split and at most :data:`MAX_SPLITS` splits.
+    :data:`MIN_SPLIT_TOKENS` tokens per split and at most :data:`MAX_SPLITS` splits, rounded
+    down to a power of two.
     """
     programs = batch * kv_heads
     if max_context < SPLIT_MIN_CONTEXT or programs >= 2 * num_sms or programs < 1:
         return 1
-    want = -(-4 * num_sms // programs)
-    return max(1, min(want, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+    want = max(1, min(-(-4 * num_sms // programs), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+    return 1 << (want.bit_length() - 1)  # a power of two: few kernel variants as an eager table grows
 
 
 def split_bounds(context_lens: torch.Tensor, num_splits: int, tile: int) -> torch.Tensor:
