@@ -57,7 +57,15 @@ def resolve_class(name: str, registry: Registry[Any], where: str) -> type:
     return cls
 
 
+def builtin_path(path: str) -> str:
+    """``builtin:NAME`` -> the YAML shipped as ``rlforge/tools/configs/NAME.yaml``; other paths unchanged."""
+    if str(path).startswith("builtin:"):
+        return os.path.join(os.path.dirname(__file__), "configs", str(path)[len("builtin:"):] + ".yaml")
+    return path
+
+
 def _read_yaml(path: str, key: str) -> Any:
+    path = builtin_path(path)
     if not os.path.isfile(path):
         raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.{key}={path}: no such file")
     try:
@@ -68,7 +76,8 @@ def _read_yaml(path: str, key: str) -> Any:
 
 
 def load_tools(path: str) -> dict[str, BaseTool]:
-    """Build the tools of verl's tool config YAML at ``path``; returns ``{function name: tool}``.
+    """Build the tools of verl's tool config YAML at ``path`` (or ``builtin:calculator``, the shipped
+    calculator config); returns ``{function name: tool}``.
 
     Raises:
         ConfigError: naming ``path`` and the key, for a missing file, invalid YAML, no ``tools`` list,
