@@ -46,7 +46,8 @@ class MultiTurnConfig:
     tokenization_sanity_check_mode: str = "strict"
     """verl: accepted; nothing is re-tokenized here, so there is nothing to check."""
     max_tokens_per_turn: int | None = None
-    """Accepted (verl); model tokens per assistant turn are bounded by ``data.max_response_length``."""
+    """Model tokens per assistant turn; a turn that reaches it ends there (an EOS is inserted, masked 0) and
+    the conversation goes on.  None = a turn runs until EOS or ``data.max_response_length``."""
 
     @classmethod
     def from_mapping(cls, raw: Any) -> MultiTurnConfig:

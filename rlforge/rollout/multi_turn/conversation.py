@@ -43,6 +43,7 @@ class Conversation:
     interaction_id: str | None = None
     interaction_score: float = 0.0
     tool_reward: float = 0.0
+    _last_turn: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -70,8 +71,10 @@ class Conversation:
             self.stop_reason = "max_assistant_turns"
             return None
         if mut is not None and self.user_turns >= mut:
-            self.stop_reason = "max_user_turns"
-            return None
+            if calls:  # tool output that could not be inserted is not worth running
+                self.stop_reason = "max_user_turns"
+                return None
+            self._last_turn = True  # the interaction still scores this turn; its reply is not inserted
         return calls
 
     def next_messages(self, calls: list[Any]) -> list[dict[str, Any]] | None:
@@ -98,6 +101,9 @@ class Conversation:
         self.interaction_score = float(score or 0.0)
         if done:
             self.stop_reason = "interaction"
+            return None
+        if self._last_turn:
+            self.stop_reason = "max_user_turns"
             return None
         return [{"role": "user", "content": str(reply)}]
 

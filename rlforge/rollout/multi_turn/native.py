@@ -46,11 +46,14 @@ class AgentScheduler(Scheduler):
     (parked, blocks kept); the caller then calls :meth:`resume` or :meth:`finish` on each.
     """
 
-    def __init__(self, *args: Any, reuse_kv: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, reuse_kv: bool = True, max_tokens_per_turn: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reuse_kv = reuse_kv
+        self.max_tokens_per_turn = max_tokens_per_turn or 1 << 62
         self.turn_ended: list[Sequence] = []
         self.masks: dict[int, list[int]] = {}
+        self.turn_starts: dict[int, int] = {}
 
     def update_burst(self, out: SchedulerOutput, sampled: dict[int, list[int]],
                      log_probs: dict[int, list[float]] | None = None) -> list[Sequence]:
@@ -62,12 +65,13 @@ class AgentScheduler(Scheduler):
                 continue
             seq.num_computed_tokens += n + len(toks) - 1
             mask = self.masks[seq.seq_id]
+            turn_end = self.turn_starts.get(seq.seq_id, 0) + self.max_tokens_per_turn
             ended = False
             for j, tok in enumerate(toks):
                 seq.output_ids.append(tok)
                 seq.output_log_probs.append(log_probs[seq.seq_id][j] if log_probs is not None else 0.0)
                 mask.append(1)
-                if tok in self.eos_ids or len(seq.output_ids) >= seq.max_new_tokens:
+                if tok in self.eos_ids or len(seq.output_ids) >= min(seq.max_new_tokens, turn_end):
                     ended = True
                     break
             if ended:
@@ -85,6 +89,7 @@ class AgentScheduler(Scheduler):
         seq.output_ids.extend(ids)
         seq.output_log_probs.extend([0.0] * len(ids))
         self.masks[seq.seq_id].extend([0] * len(ids))
+        self.turn_starts[seq.seq_id] = len(seq.output_ids)
         if self.reuse_kv:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -171,10 +176,11 @@ class MultiTurnNativeRollout(NativeRollout):
         return convs
 
     def _turn_text(self, seq: Sequence, start: int) -> tuple[str, bool]:
+        """The turn's text (without its EOS) and whether the response budget ran out inside it."""
         ids = seq.output_ids[start:]
-        ended_eos = bool(ids) and ids[-1] in self.eos_ids
+        ended_eos = bool(ids) and ids[-1] in self._turn_eos
         text = self.tokenizer.decode(ids[:-1] if ended_eos else ids, skip_special_tokens=False)
-        return text, not ended_eos
+        return text, not ended_eos and len(seq.output_ids) >= seq.max_new_tokens
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -193,7 +199,9 @@ class MultiTurnNativeRollout(NativeRollout):
                             enabled=self.autocast_dtype is not None, cache_enabled=False):
             runner, num_blocks = self._wake(seqs, spec)
             bm = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching)
-            sched = AgentScheduler(self.scheduler_config, bm, frozenset(self.eos_ids), reuse_kv=self.reuse_kv)
+            self._turn_eos = frozenset() if self.ignore_eos else frozenset(self.eos_ids)
+            sched = AgentScheduler(self.scheduler_config, bm, self._turn_eos, reuse_kv=self.reuse_kv,
+                                   max_tokens_per_turn=self.mt.max_tokens_per_turn)
             for s in seqs:
                 sched.masks[s.seq_id] = []
                 sched.add(s)
@@ -263,6 +271,8 @@ class MultiTurnNativeRollout(NativeRollout):
             sched.finish(seq)
             return
         ids = self.renderer.insert_ids(messages)
+        if seq.output_ids[-1] not in self._turn_eos:  # the turn hit max_tokens_per_turn: close it with an EOS
+            ids = [self.eos_ids[0], *ids]
         if len(seq.output_ids) + len(ids) >= seq.max_new_tokens:  # no room for the inserted turn + a model token
             c.stop_reason = "truncated_at_turn"
             sched.finish(seq)
