@@ -150,7 +150,7 @@ def _read_adapter_config(path: str, key: str) -> Any:
 
 
 def apply_lora(module: nn.Module, model_cfg: Any, node: str, base_model: str,
-               trainable: tuple[str, ...] = ()) -> LoraPlan:
+               trainable: tuple[str, ...] = (), seed: int = 0) -> LoraPlan:
     """Inject a LoRA adapter into ``module`` in place (see the module docstring).
 
     Args:
@@ -161,6 +161,8 @@ def apply_lora(module: nn.Module, model_cfg: Any, node: str, base_model: str,
         base_model: the model path, named in errors and written into exported adapters.
         trainable: names of child modules trained whole beside the adapter (the critic's
             ``score`` head); they are never adapted.
+        seed: seeds peft's initialisation of ``lora_A`` (``B`` starts at zero), so every rank
+            and every rebuild gets the same adapter.
     Returns:
         the :class:`LoraPlan`.
     Raises:
@@ -188,7 +190,9 @@ def apply_lora(module: nn.Module, model_cfg: Any, node: str, base_model: str,
     config.base_model_name_or_path = base_model
     head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
     try:
-        inject_adapter_in_model(config, module, adapter_name=ADAPTER)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            inject_adapter_in_model(config, module, adapter_name=ADAPTER)
     except ValueError as e:  # peft: no target matched (e.g. a regex, or an adapter of another model)
         raise ConfigError(f"{node}: {str(e).splitlines()[0]} (model {base_model})") from None
     from peft.tuners.lora import Linear as LoraLinear

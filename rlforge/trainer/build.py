@@ -256,7 +256,7 @@ def build_job(cfg: Any) -> Job:
         # The rollout's copy is the plain base model (the adapter is merged into it on every sync);
         # the reference is the actor's own module with the adapter off (built after the actor).
         rollout_copy = copy.deepcopy(actor_module).to(dtype=rollout_weights_dtype(device))
-        lora = apply_lora(actor_module, arr.model, "actor_rollout_ref.model", str(arr.model.path))
+        lora = apply_lora(actor_module, arr.model, "actor_rollout_ref.model", str(arr.model.path), seed=seed)
     if need_ref and lora is None:
         ref_module = copy.deepcopy(actor_module).requires_grad_(False)
         ref_engine = _engine(engine_name(arr.actor.strategy), ref_module, device, fsdp_config=arr.ref.fsdp_config,
@@ -302,7 +302,8 @@ def build_job(cfg: Any) -> Job:
                             and _packs(cfg.critic.strategy), cfg.critic.model.override_config)
         critic_lora = lora_enabled(cfg.critic.model)
         if critic_lora:  # the value head is trained whole beside the adapter
-            apply_lora(critic_module, cfg.critic.model, "critic.model", critic_model_path(cfg), trainable=("score",))
+            apply_lora(critic_module, cfg.critic.model, "critic.model", critic_model_path(cfg), trainable=("score",),
+                       seed=seed)
         critic_engine = _engine(
             engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
             optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,

@@ -207,8 +207,17 @@ def _case_steps(out: Path, opts: dict) -> None:
     mine = batch.select(slice(info.rank * half, (info.rank + 1) * half))
     cfg = actor_cfg(opts["mode"])
     fsdp_cfg = FSDPConfig(optimizer_offload=opts.get("optimizer_offload", False))
+    if opts.get("lora"):  # a LoRA adapter of this rank (model.lora_rank), seeded as rlforge.models.lora does
+        from types import SimpleNamespace
+
+        from rlforge.models.lora import apply_lora
+
+        apply_lora(model, SimpleNamespace(lora_rank=opts["lora"], lora_alpha=8, target_modules="all-linear",
+                                          exclude_modules=None, lora_adapter_path=None), "model", "preset:tiny")
     engine = ENGINES.get(opts["strategy"])(model, info.device, fsdp_config=fsdp_cfg, optim_cfg=cfg.optim,
-                                           total_steps=10, grad_clip=cfg.grad_clip)
+                                           total_steps=10, grad_clip=cfg.grad_clip,
+                                           gradient_checkpointing=opts.get("ckpt", False))
+    engine.trainable_state_only = bool(opts.get("lora"))
     per_step, offloaded = [], []
     for _ in range(opts["steps"]):
         per_step.append(run_actor(engine, mine, opts["mode"], opts["micro"])[0])
