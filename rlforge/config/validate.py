@@ -106,10 +106,10 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
     _check_megatron(cfg, world.size, world.source)
-    _check_lora(cfg)
+    lora = _check_lora(cfg)
     _check_multi_turn(cfg)
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
-    return _warnings(cfg) + precision + _profile_step_warnings(cfg)
+    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora
 
 
 def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:
@@ -153,10 +153,13 @@ def _check_multi_turn(cfg: RLForgeConfig) -> None:
     check_multi_turn(cfg)
 
 
-def _check_lora(cfg: RLForgeConfig) -> None:
+def _check_lora(cfg: RLForgeConfig) -> list[str]:
     """The LoRA keys of the policy and the critic (:func:`rlforge.models.lora.check_lora_keys`);
-    LoRA needs ``strategy=fsdp`` or ``fsdp2`` (the model-dependent checks run when it is applied)."""
+    LoRA is refused under ``strategy=megatron`` and runs ``strategy=fsdp`` as ``fsdp2`` (a warning;
+    :func:`rlforge.models.lora.lora_strategy`).  The model-dependent checks run when it is applied."""
     from rlforge.models.lora import check_lora_keys, lora_enabled
+
+    out: list[str] = []
 
     for node, model, strategy_key, strategy in (
         (f"{_ARR}.model", cfg.actor_rollout_ref.model, f"{_ARR}.actor.strategy", cfg.actor_rollout_ref.actor.strategy),
@@ -166,6 +169,10 @@ def _check_lora(cfg: RLForgeConfig) -> None:
         if lora_enabled(model) and strategy == "megatron" and (node != "critic.model" or uses_critic(cfg)):
             raise ConfigError(f"{node}.lora_rank={model.lora_rank} with {strategy_key}=megatron: LoRA is not built "
                               f"for tensor/pipeline parallelism yet; use {strategy_key}=fsdp2")
+        if lora_enabled(model) and strategy == "fsdp" and (node != "critic.model" or uses_critic(cfg)):
+            out.append(f"{strategy_key}=fsdp with {node}.lora_rank={model.lora_rank}: LoRA trains on the FSDP2 engine "
+                       f"(FSDP1 cannot train the adapter beside the frozen base); running {strategy_key}=fsdp2")
+    return out
 
 
 def _check_policy_loss(cfg: RLForgeConfig) -> None:

@@ -48,6 +48,14 @@ def lora_enabled(model_cfg: Any) -> bool:
     return int(getattr(model_cfg, "lora_rank", 0) or 0) > 0 or bool(getattr(model_cfg, "lora_adapter_path", None))
 
 
+def lora_strategy(strategy: str, model_cfg: Any) -> str:
+    """The engine a role's ``strategy`` runs with LoRA on: FSDP1 (``fsdp``) cannot train a flat
+    parameter that mixes the frozen base with the adapter after a no-grad forward (torch's
+    ``use_orig_params`` assertion, measured on torch 2.13 CPU), so LoRA runs on ``fsdp2``
+    (validation warns); other strategies unchanged."""
+    return "fsdp2" if strategy == "fsdp" and lora_enabled(model_cfg) else strategy
+
+
 def check_lora_keys(model_cfg: Any, node: str) -> None:
     """Config-only checks of the LoRA keys of the model block ``node`` (e.g. ``critic.model``).
 

@@ -26,7 +26,14 @@ from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
 from rlforge.models.log_z import PolicyWithLogZ
-from rlforge.models.lora import LoraPlan, adapted_names, apply_lora, lora_enabled, merged_params
+from rlforge.models.lora import (
+    LoraPlan,
+    adapted_names,
+    apply_lora,
+    lora_enabled,
+    lora_strategy,
+    merged_params,
+)
 from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
@@ -277,7 +284,8 @@ def build_job(cfg: Any) -> Job:
     if rollout_copy is None:
         rollout_copy = copy.deepcopy(trained).to(dtype=rollout_weights_dtype(device))
     actor_engine = _engine(
-        engine_name(arr.actor.strategy), trained, device, fsdp_config=arr.actor.fsdp_config, optim_cfg=arr.actor.optim,
+        engine_name(lora_strategy(arr.actor.strategy, arr.model)), trained, device, fsdp_config=arr.actor.fsdp_config,
+        optim_cfg=arr.actor.optim,
         total_steps=steps, optim_key="actor_rollout_ref.actor.optim", grad_clip=arr.actor.grad_clip,
         param_groups=param_groups, model_cfg=arr.model, megatron_config=arr.actor.megatron,
         role_key="actor_rollout_ref.actor", compile_layers=bool(arr.actor.use_torch_compile),
@@ -305,7 +313,8 @@ def build_job(cfg: Any) -> Job:
             apply_lora(critic_module, cfg.critic.model, "critic.model", critic_model_path(cfg), trainable=("score",),
                        seed=seed)
         critic_engine = _engine(
-            engine_name(cfg.critic.strategy), critic_module, device, fsdp_config=cfg.critic.model.fsdp_config,
+            engine_name(lora_strategy(cfg.critic.strategy, cfg.critic.model)), critic_module, device,
+            fsdp_config=cfg.critic.model.fsdp_config,
             optim_cfg=cfg.critic.optim, total_steps=steps, optim_key="critic.optim", grad_clip=cfg.critic.grad_clip,
             model_cfg=cfg.critic.model, megatron_config=cfg.critic.megatron, role_key="critic",
         )

@@ -207,6 +207,9 @@ def test_bad_targets_and_keys(tiny_model):
     with pytest.raises(ConfigError, match="megatron"):
         validate_config(rlforge.config.load_config(["actor_rollout_ref.model.lora_rank=8",
                                                     "actor_rollout_ref.actor.strategy=megatron"]))
+    warnings = validate_config(rlforge.config.load_config(["actor_rollout_ref.model.lora_rank=8",
+                                                           "actor_rollout_ref.actor.strategy=fsdp"]))
+    assert any("running actor_rollout_ref.actor.strategy=fsdp2" in w for w in warnings), warnings
 
 
 def test_adapter_of_another_base_is_one_error(trained, tmp_path, tiny_tokenizer):
