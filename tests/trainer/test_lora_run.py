@@ -91,3 +91,23 @@ def test_exported_adapter_loads_with_peft(run_a, tmp_path, tiny_tokenizer):
         assert torch.allclose(peft_lp, rollout_copy, atol=1e-5, rtol=0), (folder, (peft_lp - rollout_copy).abs().max())
     merged_lp = _log_probs(AutoModelForCausalLM.from_pretrained(tmp_path / "merged"), batch)
     assert torch.allclose(merged_lp, rollout_copy, atol=1e-5, rtol=0)
+
+
+def test_lora_adapter_path_starts_from_the_adapter(run_a, tmp_path):
+    """A job built with ``lora_adapter_path`` (the exported folder) starts with that adapter: its
+    rollout copy and its actor give the trained run's log-probs; its reference stays the base."""
+    import rlforge.config
+    from rlforge.trainer.build import build_job
+
+    out, job_a = run_a
+    folder = out / "global_step_2" / "actor" / "huggingface"
+    cfg = rlforge.config.load_config([*SMALL, *LORA, "actor_rollout_ref.model.lora_rank=0",
+                                      f"actor_rollout_ref.model.lora_adapter_path={folder}",
+                                      f"trainer.default_local_dir={tmp_path}"], job="default")
+    job = build_job(cfg)
+    batch = left_padded_batch(job.tokenizer.pad_token_id, 2, [3, 6, 4], [2, None, 5], 7)
+    want = _log_probs(job_a.actor_lm, batch)
+    assert torch.allclose(_log_probs(job.actor_lm, batch), want, atol=1e-5, rtol=0)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(job.actor.compute_log_prob(batch, 1.0)["log_probs"][mask], want, atol=1e-5, rtol=0)
+    assert (job.ref.compute_log_prob(batch, 1.0)["log_probs"][mask] - want).abs().max() > 1e-4
