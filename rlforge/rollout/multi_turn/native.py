@@ -55,6 +55,12 @@ class AgentScheduler(Scheduler):
         self.masks: dict[int, list[int]] = {}
         self.turn_starts: dict[int, int] = {}
 
+    def extend_for_burst(self, out: SchedulerOutput, max_steps: int) -> int:
+        """As :meth:`Scheduler.extend_for_burst`, with no more steps than any sequence's turn has left
+        under ``max_tokens_per_turn`` (steps past a turn's end would be thrown away)."""
+        left = min(self.turn_starts.get(s.seq_id, 0) + self.max_tokens_per_turn - len(s.output_ids) for s in out.seqs)
+        return super().extend_for_burst(out, max(1, min(max_steps, left)))
+
     def update_burst(self, out: SchedulerOutput, sampled: dict[int, list[int]],
                      log_probs: dict[int, list[float]] | None = None) -> list[Sequence]:
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
