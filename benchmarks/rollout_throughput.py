@@ -1,44 +1,68 @@
-"""Rollout throughput: rlforge's native engine against transformers' ``generate``, same run, same GPU.
+"""Rollout throughput: rlforge's native engine against transformers at its best, same run, same GPU.
 
     python benchmarks/rollout_throughput.py --models qwen2.5-0.5b qwen2.5-7b
+    python benchmarks/rollout_throughput.py --kernels      # decode kernels and decode steps vs their floors
 
-Workloads (random-weight ``preset:`` models in bf16, sampling at temperature 1, EOS ignored):
-  random   ``--prompts`` (1024) prompts of 256 random tokens, 512 new tokens each;
-  grpo     ``--groups`` (128) prompts x n=8, same lengths, with and without prefix sharing.
+Workloads (random-weight ``preset:`` models in bf16, sampling at T = 1, no top-k/top-p):
+  random    ``--prompts`` (1024) prompts of 256 random tokens, ``--new-tokens`` (512) new tokens each, EOS off;
+  longtail  ``--longtail-prompts`` (512) prompts of 256 tokens whose response lengths are long-tailed
+            (``benchmarks/longtail.py``: clipped lognormal, ``--longtail-mean`` 500, ``--longtail-p99``
+            3000, ``--longtail-max`` 4096), enforced per row (native and continuous batching: per-row
+            ``max_new_tokens``; ``generate``: a forced EOS at each row's length, see ``hf_baselines.py``);
+  grpo      ``--groups`` (128) prompts x n=8 of the random workload's lengths, with and without prefix sharing.
 
-Rows: transformers ``generate`` at each ``--hf-batch`` size (one batch each; its best size is
-the baseline), and the native engine with Triton or torch decode attention, with and without
-CUDA graphs, with and without the fused Triton layer kernels (``-unfused``), with and without
-packed Q/K/V and gate/up GEMMs (``-unpacked``).  Each row reports output tokens/s, the ratio to
-the best ``generate``, and the fraction of the decode roofline: the bytes one decode step must
-read (all weights once, plus every running sequence's K/V so far) summed over the run's decode
-steps, over the device bandwidth measured in the same run, divided by the measured time.  The
-compute floor (2 x parameters x tokens over the bf16 peak) is printed beside it, since a large
-batch can be compute-bound before it is bandwidth-bound.  ``decode step frac`` is the same
-roofline for the decode steps alone: the mean floor of one decode step over the mean measured
-decode step (``rollout/decode_s`` less graph capture, over ``rollout/decode_steps``); the
-whole-run fraction also charges the prefill-carrying steps, whose compute the bandwidth
-roofline counts as zero.
+transformers rows (``--hf-setups``, the registry in ``benchmarks/hf_baselines.py``; each at each
+``--hf-batch`` size on the random workload, on the whole long-tail workload at once):
+  generate         issue 17's plain call: ``model.generate(ids, max_new_tokens, min_new_tokens,
+                   do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)``, no attention mask;
+  generate-old     this benchmark's call before issue 17 (its 14.8k tok/s row): the same plus an all-ones
+                   ``attention_mask`` and ``eos_token_id=None``; ``generate-mask`` / ``generate-noeos`` add one
+                   of the two, so the table shows which one costs the time;
+  static-compile   plain + ``cache_implementation="static"`` (the forward compiled by transformers);
+  cb, cb-compile, cb-nographs   transformers' continuous batching (``init_continuous_batching`` /
+                   ``generate_batch``), default config, ``default_compile_level=1``, no CUDA graphs.
+Tokens are the generated tokens counted per row.  A setup that fails prints a ``failed: reason`` row.
+
+Native rows: Triton or torch decode attention, with and without CUDA graphs, with and without the
+fused Triton layer kernels (``-unfused``) and packed GEMMs (``-unpacked``).
+
+Columns: output tok/s; ``x best`` over the fastest transformers row of the same model and workload
+(any setup), ``x best cb`` over the fastest continuous-batching row; the fraction of the combined
+floor (``benchmarks/rollout_roofline.py``: each decode step at max(bytes / bandwidth, FLOPs / peak),
+its bytes all weights once, the input embedding only when tied to the head, the gathered embedding
+rows and every running sequence's K/V; prefill at the bf16 compute peak) over the device's spec
+bandwidth (4.8 TB/s on an H200) and over the copy bandwidth measured in the same run;
+``decode step frac``: the mean decode step's floor (spec bandwidth) over the mean measured decode
+step (``rollout/decode_s`` less graph capture, over ``rollout/decode_steps``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import sys
 import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlforge.batch import Batch
-from rlforge.models.presets import PRESETS
-from rlforge.rollout import SamplingParams
-from rlforge.rollout.native import NativeRollout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_baselines import HF_SETUPS, run_setup  # noqa: E402
+from longtail import LongTail, describe  # noqa: E402
+from rollout_roofline import PEAK_BF16, ModelCost, run_floor, spec_bandwidth, step_floor  # noqa: E402
 
-PROMPT_LEN, NEW_TOKENS = 256, 512
-PEAK_BF16 = 989e12  # H100/H200 dense bf16 (rlforge.perf.flops)
+from rlforge.batch import Batch  # noqa: E402
+from rlforge.models.presets import PRESETS  # noqa: E402
+from rlforge.rollout import SamplingParams  # noqa: E402
+from rlforge.rollout.native import NativeRollout  # noqa: E402
+
+PROMPT_LEN = 256
 
 
 @dataclass
@@ -47,16 +71,30 @@ class Row:
     workload: str
     engine: str
     setting: str
-    tokens: int
-    seconds: float
-    roofline_s: float
-    compute_s: float
+    tokens: int = 0
+    seconds: float = math.nan
+    floor_spec_s: float = math.nan
+    floor_copy_s: float = math.nan
     extra: str = ""
     decode_step_frac: float = math.nan
+    failed: str = ""
 
     @property
     def tok_s(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens / self.seconds if not self.failed and self.seconds > 0 else math.nan
+
+
+@dataclass
+class Workload:
+    """``name``; prompts ``[n, PROMPT_LEN]`` (``Batch`` with mask and positions); ``lengths: [n]`` new tokens."""
+
+    name: str
+    batch: Batch
+    lengths: np.ndarray
+
+    def head(self, n: int) -> Workload:
+        return Workload(self.name, self.batch.select(slice(0, n)) if n < len(self.lengths) else self.batch,
+                        self.lengths[:n])
 
 
 def build(name: str) -> torch.nn.Module:
@@ -88,58 +126,68 @@ def measure_bandwidth() -> float:
     return 2 * x.numel() * 10 / (time.perf_counter() - t)
 
 
-def floors(model: torch.nn.Module, n: int, max_num_seqs: int, bw: float) -> tuple[float, float]:
-    """(decode memory roofline seconds, compute floor seconds) for ``n`` sequences of
-    PROMPT_LEN + NEW_TOKENS decoded ``max_num_seqs`` at a time (``-(-n // max_num_seqs)``
-    waves of NEW_TOKENS decode steps)."""
-    c = model.config
-    params = sum(p.numel() for p in model.parameters())
-    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_tok = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2
-    total = 0.0
-    left = n
-    while left > 0:
-        b = min(left, max_num_seqs)
-        ctx_sum = b * sum(PROMPT_LEN + t for t in range(NEW_TOKENS))
-        total += NEW_TOKENS * wbytes + ctx_sum * kv_tok
-        left -= b
-    flops = 2 * params * n * (PROMPT_LEN + NEW_TOKENS)
-    return total / bw, flops / PEAK_BF16
+class Bandwidths:
+    """The device's spec bandwidth (NaN when its name is not in the table) and the measured copy bandwidth."""
+
+    def __init__(self) -> None:
+        self.name = torch.cuda.get_device_name()
+        self.spec = spec_bandwidth(self.name)
+        self.copy = measure_bandwidth()
+
+    def line(self) -> str:
+        spec = f"{self.spec / 1e12:.2f} TB/s" if math.isfinite(self.spec) else "unknown (fractions over spec are NaN)"
+        return (f"device: {self.name}  spec bandwidth {spec}, measured copy bandwidth {self.copy / 1e12:.2f} TB/s, "
+                f"bf16 peak {PEAK_BF16 / 1e12:.0f} TFLOP/s")
 
 
-def run_hf(model, n_batch: int, vocab: int) -> tuple[int, float]:
-    batch = prompts(n_batch, vocab, seed=1)
-    ids = batch["input_ids"].cuda()
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS,
-              min_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None)
-    model.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-    torch.cuda.synchronize()
-    return (out.shape[1] - PROMPT_LEN) * out.shape[0], time.perf_counter() - t
+def floors(cost: ModelCost, lengths: np.ndarray, max_num_seqs: int, bw: Bandwidths):
+    """Combined floors (spec, copy) of a run of ``lengths`` after PROMPT_LEN-token prompts."""
+    p = np.full(len(lengths), PROMPT_LEN)
+    return run_floor(cost, p, lengths, max_num_seqs, bw.spec), run_floor(cost, p, lengths, max_num_seqs, bw.copy)
 
 
-def run_native(model, batch: Batch, max_num_seqs: int, **kw) -> tuple[int, float, dict[str, float]]:
+@contextlib.contextmanager
+def per_row_lengths(lengths: np.ndarray, made: list):
+    """Inside: the native engine gives row ``i`` ``lengths[i]`` new tokens (its ``Sequence``s are
+    made with them, and kept in ``made`` so their tokens can be counted).  A benchmark-only
+    swap of the engine module's ``Sequence`` name; the engine takes one ``max_new_tokens`` per call."""
+    import rlforge.rollout.native.engine as engine_module
+
+    orig = engine_module.Sequence
+
+    def make(seq_id: int, prompt_ids: list[int], max_new_tokens: int):
+        s = orig(seq_id, prompt_ids, int(lengths[seq_id]))
+        made.append(s)
+        return s
+
+    engine_module.Sequence = make
+    try:
+        yield
+    finally:
+        engine_module.Sequence = orig
+
+
+def run_native(model, wl: Workload, max_num_seqs: int, **kw) -> tuple[int, float, dict[str, float]]:
     eng = NativeRollout(model, [], 0, torch.device("cuda"), progress=False, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=16384, ignore_eos=True, seed=0, **kw)
-    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = eng.generate(batch, params)
-    torch.cuda.synchronize()
-    return int(out["response_mask"].sum()), time.perf_counter() - t, eng.metrics()
+    params = SamplingParams(temperature=1.0, max_new_tokens=int(wl.lengths.max()))
+    made: list = []
+    with per_row_lengths(wl.lengths, made):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        eng.generate(wl.batch, params)
+        torch.cuda.synchronize()
+        sec = time.perf_counter() - t
+    return sum(len(s.output_ids) for s in made), sec, eng.metrics()
 
 
-def decode_step_frac(roofline_s: float, n: int, max_num_seqs: int, m: dict[str, float]) -> float:
-    """The mean decode step's floor (``roofline_s`` over the run's waves x NEW_TOKENS steps)
-    over the mean measured decode step (graph capture left out)."""
+def decode_step_frac(floor, m: dict[str, float]) -> float:
+    """The mean decode step's floor over the mean measured decode step (graph capture left out)."""
     steps = m.get("rollout/decode_steps", 0.0)
     measured = m.get("rollout/decode_s", 0.0) - m.get("rollout/graph_capture_s", 0.0)
-    if steps <= 0 or measured <= 0:
+    if steps <= 0 or measured <= 0 or floor.decode_steps <= 0:
         return math.nan
-    return (roofline_s / (-(-n // max_num_seqs) * NEW_TOKENS)) / (measured / steps)
+    return (floor.decode_s / floor.decode_steps) / (measured / steps)
 
 
 def phases(m: dict[str, float]) -> str:
@@ -150,7 +198,23 @@ def phases(m: dict[str, float]) -> str:
             f"{m['rollout/graph_capture_s']:.2f}s), host {m['rollout/host_s']:.2f}s")
 
 
-def profile(model, batch: Batch, max_num_seqs: int) -> None:
+def attempt(row: Row, fn) -> Row:
+    """Fill ``row`` from ``fn() -> (tokens, seconds, extra, decode_step_frac)``; any exception
+    becomes ``row.failed`` (its last line), so one failing setup does not end the run."""
+    try:
+        row.tokens, row.seconds, row.extra, row.decode_step_frac = fn()
+    except Exception as e:  # noqa: BLE001 - a failed row is reported, the next one runs
+        msg = (str(e).strip().splitlines() or [""])[-1][:200]
+        row.failed = f"{type(e).__name__}: {msg}"
+        traceback.print_exc(limit=3)
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    print(row, flush=True)
+    return row
+
+
+def profile(model, wl: Workload, max_num_seqs: int) -> None:
     """Host (cProfile, top functions by cumulative time) and device (torch.profiler, top
     kernels) views of one native generate, to see where the time goes."""
     import cProfile
@@ -161,68 +225,177 @@ def profile(model, batch: Batch, max_num_seqs: int) -> None:
 
     from rlforge.perf.torch_trace import render_markdown, summarize
 
-    run_native(model, batch, max_num_seqs)  # warm-up
+    run_native(model, wl, max_num_seqs)  # warm-up
     with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_native(model, batch, max_num_seqs)
+        run_native(model, wl, max_num_seqs)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
     trace = "rollout_profile_trace.json"
     prof.export_chrome_trace(trace)
     print(render_markdown(summarize(trace, num_gaps=5, top_kernels=25, min_gap_ms=1.0)), flush=True)
     pr = cProfile.Profile()
     pr.enable()
-    tokens, sec, m = run_native(model, batch, max_num_seqs)
+    tokens, sec, m = run_native(model, wl, max_num_seqs)
     pr.disable()
     print(f"profiled native: {tokens} tokens in {sec:.2f} s ({tokens / sec:,.0f} tok/s) {m}")
     pstats.Stats(pr).sort_stats("tottime").print_stats(20)
 
 
-def cuda_time(fn, iters: int = 20) -> float:
-    """Mean seconds of ``fn()`` on the GPU (CUDA events, after 3 warm-ups)."""
+def cuda_time(fn, iters: int = 20, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean seconds of ``fn()`` over ``iters`` calls (CUDA events, after 3 warm-ups)."""
     for _ in range(3):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return float(np.median(times))
 
 
-def _attention_rows(name: str, h: int, kvh: int, d: int, bw: float, triton_fn, torch_fn) -> None:
-    b, ctx, bs = 1024, 512, 16
-    nb = b * ctx // bs
-    kc = torch.randn(nb, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(b, ctx // bs)
-    cl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
-    q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
-    nbytes = 2 * kc.numel() * 2
-    rows = [("decode attention torch", lambda: torch_fn(q, kc, vc, bt, cl, d ** -0.5))]
-    rows += [(f"decode attention triton pages_per_tile={p}",
-              lambda p=p: triton_fn(q, kc, vc, bt, cl, d ** -0.5, pages_per_tile=p)) for p in (1, 2, 4, 8)]
-    for label, fn in rows:
+def _frac(nbytes: float, t: float, bw: float) -> str:
+    return f"{nbytes / t / bw:.2f}" if math.isfinite(bw) and t > 0 else "–"
+
+
+def _kernel_row(label: str, shape: str, fn, nbytes: float, bw: Bandwidths, floor_s: float | None = None) -> None:
+    """One ``| kernel | shape | ms | GB/s | frac spec | frac copy | floor frac |`` row, or a failed one."""
+    try:
         t = cuda_time(fn, 10)
-        print(f"| {label} | {name} B={b} ctx={ctx} | {t * 1e3:.3f} | {nbytes / t / 1e9:,.0f} | {nbytes / t / bw:.2f} |")
+    except Exception as e:  # noqa: BLE001
+        print(f"| {label} | {shape} | failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]} |||||",
+              flush=True)
+        torch.cuda.empty_cache()
+        return
+    floor = f"{floor_s / t:.2f}" if floor_s is not None else "–"
+    print(f"| {label} | {shape} | {t * 1e3:.3f} | {nbytes / t / 1e9:,.0f} | {_frac(nbytes, t, bw.spec)} | "
+          f"{_frac(nbytes, t, bw.copy)} | {floor} |", flush=True)
 
 
-def kernel_bench(bw: float) -> None:
-    """Decode attention (Triton vs torch gather) at Qwen2.5-0.5B / 7B shapes, 1024 rows of
-    512-token context, as achieved bandwidth; and sampling one token from [1024, 151936] logits."""
+def _paged_kv(b: int, ctx: int, kvh: int, d: int, bs: int = 16, min_bytes: float = 512e6):
+    """Random bf16 K/V caches of ``b`` rows x ``ctx`` tokens behind shuffled block tables:
+    enough copies that together they pass ``min_bytes`` (rotated, so the L2 holds none)."""
+    nb = b * (-(-ctx // bs))
+    one = 2 * nb * bs * kvh * d * 2
+    sets = []
+    for _ in range(max(1, math.ceil(min_bytes / one))):
+        kc = torch.randn(nb, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+        sets.append((kc, torch.randn_like(kc), torch.randperm(nb, device="cuda", dtype=torch.int32).view(b, -1)))
+    cl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+    return sets, cl, 2 * b * ctx * kvh * d * 2
+
+
+def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int, ctx: int, variants) -> None:
     from rlforge.rollout.native.attention import decode_attention_torch
-    from rlforge.rollout.native.sampler import sample_with_log_probs
-    from rlforge.rollout.native.triton_attention import paged_decode_attention
+    from rlforge.rollout.native.triton_attention import auto_num_splits, paged_decode_attention
 
-    print("| kernel | shape | ms | GB/s | frac of copy bw |")
-    print("|---|---|---|---|---|")
+    sets, cl, nbytes = _paged_kv(b, ctx, kvh, d)
+    q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+    it = iter(range(10**9))
+
+    def call(f, **kw):
+        return lambda: f(q, *sets[next(it) % len(sets)], cl, d ** -0.5, **kw)
+
+    shape = f"{name} B={b} ctx={ctx}"
+    for label, kw in variants:
+        if label == "torch":
+            if b * ctx <= 1024 * 512:
+                _kernel_row("decode attention torch", shape, call(decode_attention_torch), nbytes, bw)
+            continue
+        if kw.get("num_splits") == "auto":
+            kw = {**kw, "num_splits": None}
+            label = f"{label} (splits={auto_num_splits(b, kvh, sets[0][2].shape[1] * 16, q.device)})"
+        _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
+
+
+def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidths) -> None:
+    """One whole decode step (CUDA graph of the model runner) at ``b`` rows of ``ctx`` cached
+    tokens for each ``b`` in ``sizes``, unsplit and with the automatic split choice, against the
+    step's floor (spec bandwidth).  The unsplit rows replace the split choice by 1 for the capture."""
+    from unittest import mock
+
+    import rlforge.rollout.native.triton_attention as ta
+    from rlforge.rollout.native.cuda_graph import DecodeGraphs
+    from rlforge.rollout.native.kv_cache import KVCache
+    from rlforge.rollout.native.model_runner import ModelRunner, ModelSpec
+
+    try:
+        model = build(name)
+    except Exception as e:  # noqa: BLE001
+        print(f"| decode step | {name} | failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]} |||||")
+        return
+    spec, cost, bs = ModelSpec.from_module(model), ModelCost.of(model), 16
+    for b in sizes:
+        ctx_read = ctx + 1  # the new token's K/V is written, then read with the context
+        per_row = -(-ctx_read // bs)
+        nbytes = cost.weight_bytes + b * cost.embed_row_bytes + b * ctx_read * cost.kv_bytes_per_token
+        floor_spec = step_floor(cost, b, ctx_read, bw.spec)
+        shape = f"{name} B={b} ctx={ctx}"
+        try:
+            cache = KVCache.allocate(spec.num_layers, b * per_row + 1, bs, spec.num_kv_heads, spec.head_dim,
+                                     torch.bfloat16, torch.device("cuda"))
+            cache.data.normal_()
+        except Exception as e:  # noqa: BLE001
+            print(f"| decode step | {shape} | failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]} "
+                  "|||||")
+            torch.cuda.empty_cache()
+            continue
+        for label, patch in (("unsplit", lambda *a, **k: 1), ("auto split", None)):
+            graphs = None
+            try:
+                with mock.patch.object(ta, "auto_num_splits", patch) if patch else contextlib.nullcontext():
+                    splits = ta.auto_num_splits(b, spec.num_kv_heads, per_row * bs, torch.device("cuda"))
+                    graphs = DecodeGraphs(ModelRunner(model, cache, "triton"), [b], per_row, b * per_row * bs)
+                    buf = graphs.buf
+                    buf.block_tables[:b] = torch.randperm(b * per_row, device="cuda",
+                                                          dtype=torch.int32).view(b, per_row)
+                    buf.context_lens[:b] = ctx_read
+                    buf.positions[:b] = ctx
+                    page = buf.block_tables[:b, ctx // bs].long()
+                    buf.slot_mapping[:b] = page * bs + ctx % bs
+                    buf.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
+                    graphs.replay(b)  # captured here, under the patch
+                _kernel_row(f"decode step {label} (splits={splits})", shape, lambda g=graphs, b=b: g.replay(b), nbytes, bw,
+                            floor_spec)
+            except Exception as e:  # noqa: BLE001
+                print(f"| decode step {label} | {shape} | failed: {type(e).__name__}: "
+                      f"{(str(e).splitlines() or [''])[0][:150]} |||||", flush=True)
+            del graphs
+            torch.cuda.empty_cache()
+        del cache
+        torch.cuda.empty_cache()
+    del model
+    torch.cuda.empty_cache()
+
+
+def kernel_bench(bw: Bandwidths, step_models: list[str]) -> None:
+    """Decode attention (Triton unsplit / split / automatic, torch gather) at Qwen2.5-0.5B / 7B
+    shapes: 1024 rows of 512-token context, and 1, 16, 64 rows of 8k context; whole decode steps
+    at 1, 16, 64 rows of 8k context against their floors; sampling one token from [1024, 151936]
+    logits.  ``frac`` columns: achieved bytes/s over the spec and the copy bandwidth; ``floor
+    frac``: the step's floor (max of bytes / spec bandwidth and FLOPs / peak) over its time."""
+    from rlforge.rollout.native.sampler import sample_with_log_probs
+
+    print(bw.line())
+    print("| kernel | shape | ms | GB/s | frac of spec bw | frac of copy bw | floor frac |")
+    print("|---|---|---|---|---|---|---|")
+    short = [("torch", {})] + [(f"pages_per_tile={p}", {"pages_per_tile": p, "num_splits": 1}) for p in (1, 2, 4, 8)]
+    long = [("unsplit", {"num_splits": 1}), ("auto", {"num_splits": "auto"})] + [
+        (f"splits={s}", {"num_splits": s}) for s in (2, 4, 8, 16, 32, 64)]
     for name, h, kvh, d in (("0.5b", 14, 2, 64), ("7b", 28, 4, 128)):
-        _attention_rows(name, h, kvh, d, bw, paged_decode_attention, decode_attention_torch)
+        _attention_rows(name, h, kvh, d, bw, 1024, 512, short)
+        for b in (1, 16, 64):
+            _attention_rows(name, h, kvh, d, bw, b, 8192, long)
+            torch.cuda.empty_cache()
+    for name in step_models:
+        _decode_step_rows(name, (1, 16, 64), 8192, bw)
     logits = torch.randn(1024, 151936, device="cuda", dtype=torch.bfloat16)
     params = SamplingParams(temperature=1.0, max_new_tokens=1)
     for lp in (False, True):
-        t = cuda_time(lambda lp=lp: sample_with_log_probs(logits, params, None, lp))
-        print(f"| sample (log-probs {lp}) | [1024, 151936] bf16 | {t * 1e3:.3f} | {logits.numel() * 2 / t / 1e9:,.0f} | "
-              f"{logits.numel() * 2 / t / bw:.2f} |")
+        _kernel_row(f"sample (log-probs {lp})", "[1024, 151936] bf16",
+                    lambda lp=lp: sample_with_log_probs(logits, params, None, lp), logits.numel() * 2, bw)
 
 
 def _positive(text: str) -> int:
@@ -233,14 +406,27 @@ def _positive(text: str) -> int:
     return value
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-7b"], choices=sorted(PRESETS))
+    ap.add_argument("--workloads", nargs="+", default=["random", "longtail", "grpo"],
+                    choices=["random", "longtail", "grpo"])
     ap.add_argument("--prompts", type=_positive, default=1024)
     ap.add_argument("--groups", type=_positive, default=128)
-    ap.add_argument("--hf-batch", type=_positive, nargs="*", default=[256, 512, 1024])
+    ap.add_argument("--longtail-prompts", type=_positive, default=512)
+    ap.add_argument("--longtail-mean", type=float, default=500.0)
+    ap.add_argument("--longtail-p99", type=float, default=3000.0)
+    ap.add_argument("--longtail-max", type=_positive, default=4096)
+    ap.add_argument("--hf-setups", default="generate,generate-old,static-compile,cb",
+                    help=f"comma-separated transformers setups, of: {', '.join(HF_SETUPS)}")
+    ap.add_argument("--hf-batch", type=_positive, nargs="*", default=[256, 512, 1024],
+                    help="random-workload batch sizes of every transformers setup (one batch each)")
+    ap.add_argument("--longtail-hf-setups", default="generate,cb",
+                    help="transformers setups on the long-tail workload (all of its prompts at once)")
+    ap.add_argument("--hf-max-time", type=float, default=300.0,
+                    help="generate's max_time per measured call (a row cut short says so)")
     ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], choices=sorted(PRESETS),
-                    help="models that also run generate")
+                    help="models that also run the transformers setups")
     ap.add_argument("--max-num-seqs", type=_positive, nargs="+", default=[1024])
     ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
                     help="native variants: ATTENTION-{graph,eager}[-unfused][-unpacked] (unfused: the layers' "
@@ -248,11 +434,14 @@ def main() -> None:
                          "separate Q/K/V and gate/up GEMMs)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=_positive, nargs="+", default=[256, 1024])
-    ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=_positive, default=512)
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
-    ap.add_argument("--kernels", action="store_true", help="time the decode attention and sampling kernels and exit")
+    ap.add_argument("--kernels", action="store_true",
+                    help="time the decode attention kernels, whole decode steps at 8k context and sampling, and exit")
+    ap.add_argument("--kernel-step-models", nargs="*", default=["qwen2.5-0.5b", "qwen2.5-7b"], choices=sorted(PRESETS),
+                    help="models whose whole decode step --kernels times")
     args = ap.parse_args()
     for v in f"{args.variants},{args.big_variants}".split(","):
         parts = v.split("-")
@@ -260,71 +449,157 @@ def main() -> None:
                 or not set(parts[2:]) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])):
             ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked], "
                      "ATTENTION triton or torch")
+    for key in ("hf_setups", "longtail_hf_setups"):
+        names = [x for x in getattr(args, key).split(",") if x]
+        bad = [x for x in names if x not in HF_SETUPS]
+        if bad:
+            ap.error(f"unknown --{key.replace('_', '-')} {bad}: choose from {', '.join(HF_SETUPS)}")
+        setattr(args, key, names)
+    try:
+        args.longtail = LongTail(args.longtail_mean, args.longtail_p99, args.longtail_max)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.skip_grpo and "grpo" in args.workloads:
+        args.workloads.remove("grpo")
     if not torch.cuda.is_available():
         ap.error("this benchmark needs a CUDA GPU (none is visible)")
-    globals()["NEW_TOKENS"] = args.new_tokens
+    return args
+
+
+def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[str], cost: ModelCost, bw: Bandwidths,
+             max_time: float) -> list[Row]:
+    rows = []
+    for setup in setups:
+        for b in sizes:
+            part = wl.head(b)
+            kind = "hf " + HF_SETUPS[setup].kind
+
+            def go(part=part, setup=setup, b=b):
+                ids = part.batch["input_ids"].cuda()
+                tokens, sec, note = run_setup(model, setup, ids, part.lengths, max_time=max_time)
+                return tokens, sec, note, math.nan
+
+            row = attempt(Row(name, wl.name, kind, f"{setup} batch {len(part.lengths)}"), go)
+            if not row.failed:
+                row.floor_spec_s, row.floor_copy_s = (f.total_s for f in floors(cost, part.lengths, b, bw))
+            rows.append(row)
+    return rows
+
+
+def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCost, bw: Bandwidths, **kw) -> Row:
+    attn, mode, *rest = v.split("-")
+    fs, fc = floors(cost, wl.lengths, mns, bw)
+
+    def go():
+        tokens, sec, m = run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
+                                    fused_kernels=False if "unfused" in rest else None,
+                                    pack_weights=False if "unpacked" in rest else None, **kw)
+        note = phases(m)
+        if "enable_prefix_caching" in kw:
+            note = f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {note}"
+        return tokens, sec, note, decode_step_frac(fs, m)
+
+    row = attempt(Row(name, wl.name, "native", f"{v} seqs={mns}" + (
+        f" prefix {'on' if kw['enable_prefix_caching'] else 'off'}" if "enable_prefix_caching" in kw else "")), go)
+    row.floor_spec_s, row.floor_copy_s = fs.total_s, fc.total_s
+    return row
+
+
+def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths) -> list[Row]:
+    model = build(name)
+    cost, vocab, small = ModelCost.of(model), model.config.vocab_size, name in args.hf_models
+    rows: list[Row] = []
+    # unmeasured: the process's first native generate pays one-time costs (Triton compiles,
+    # cuBLAS heuristics) that would otherwise land in whichever row runs first
+    run_native(model, Workload("warm-up", prompts(64, vocab, seed=3), np.full(64, 16)), 64)
+    variants = (args.variants if small else args.big_variants).split(",")
+    sizes = args.max_num_seqs if small else args.big_max_num_seqs
+    for w in args.workloads:
+        if w == "random":
+            wl = Workload(f"random x{args.prompts}", prompts(args.prompts, vocab, seed=0),
+                          np.full(args.prompts, args.new_tokens))
+            if small:
+                rows += _hf_rows(model, name, wl, args.hf_batch, args.hf_setups, cost, bw, args.hf_max_time)
+        elif w == "longtail":
+            n = args.longtail_prompts
+            wl = Workload(f"longtail x{n}", prompts(n, vocab, seed=4), args.longtail.sample(n, seed=0))
+            print(f"longtail lengths: {describe(wl.lengths)} (LongTail{args.longtail})", flush=True)
+            if small:
+                rows += _hf_rows(model, name, wl, [n], args.longtail_hf_setups, cost, bw, args.hf_max_time)
+        else:
+            if not small:
+                continue
+            n = args.groups * 8
+            wl = Workload(f"grpo {args.groups}x8", prompts(n, vocab, seed=2, group=8), np.full(n, args.new_tokens))
+            for prefix in (True, False):
+                rows.append(_native_row(model, name, wl, variants[0], max(args.max_num_seqs), cost, bw,
+                                        enable_prefix_caching=prefix))
+            continue
+        for mns in sizes:
+            for v in variants:
+                rows.append(_native_row(model, name, wl, v, mns, cost, bw))
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _fmt(x: float, spec: str = ".2f") -> str:
+    return "–" if not math.isfinite(x) else format(x, spec)
+
+
+def table(rows: list[Row]) -> None:
+    """The markdown table; ratios over the fastest transformers / continuous-batching row of the
+    same model and workload (grpo rows: of the random workload, whose lengths they share)."""
+    def best(model: str, workload: str, kinds: tuple[str, ...]) -> float:
+        if workload.startswith("grpo"):
+            workload = "random"
+        vals = [r.tok_s for r in rows if r.model == model and r.workload.split()[0] == workload.split()[0]
+                and r.engine in kinds and math.isfinite(r.tok_s)]
+        return max(vals, default=math.nan)
+
+    print()
+    print("| model | workload | engine | setting | output tok/s | x best hf | x best cb | floor frac (spec bw) | "
+          "floor frac (copy bw) | decode step frac | time s | tokens | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.failed:
+            print(f"| {r.model} | {r.workload} | {r.engine} | {r.setting} | failed: {r.failed} ||||||||")
+            continue
+        bh = best(r.model, r.workload, ("hf generate", "hf cb"))
+        bc = best(r.model, r.workload, ("hf cb",))
+        print(f"| {r.model} | {r.workload} | {r.engine} | {r.setting} | {r.tok_s:,.0f} | {_fmt(r.tok_s / bh, '.1f')} | "
+              f"{_fmt(r.tok_s / bc, '.1f')} | {_fmt(r.floor_spec_s / r.seconds)} | {_fmt(r.floor_copy_s / r.seconds)} | "
+              f"{_fmt(r.decode_step_frac)} | {r.seconds:.1f} | {r.tokens:,} | {r.extra} |")
+
+
+def main() -> None:
+    args = _args()
+    bw = Bandwidths()
     if args.kernels:
-        kernel_bench(measure_bandwidth())
+        kernel_bench(bw, args.kernel_step_models)
         return
     if args.profile:
         model = build(args.models[0])
-        profile(model, prompts(args.prompts, model.config.vocab_size, seed=0), args.max_num_seqs[0])
+        wl = Workload("random", prompts(args.prompts, model.config.vocab_size, seed=0),
+                      np.full(args.prompts, args.new_tokens))
+        profile(model, wl, args.max_num_seqs[0])
         return
+    print(bw.line(), flush=True)
+    import transformers
 
-    bw = measure_bandwidth()
-    print(f"device: {torch.cuda.get_device_name()}  measured copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     rows: list[Row] = []
     for name in args.models:
-        model = build(name)
-        vocab = model.config.vocab_size
-        if name in args.hf_models:
-            for b in args.hf_batch:
-                tokens, sec = run_hf(model, b, vocab)
-                roof, comp = floors(model, b, b, bw)
-                rows.append(Row(name, f"random x{b}", "hf generate", f"batch {b}", tokens, sec, roof, comp))
-                print(rows[-1], flush=True)
-        batch = prompts(args.prompts, vocab, seed=0)
-        # unmeasured: the process's first native generate pays one-time costs (Triton compiles,
-        # cuBLAS heuristics) that would otherwise land in whichever row runs first
-        run_native(model, prompts(64, vocab, seed=3), 64)
-        small = name in args.hf_models
-        for mns in args.max_num_seqs if small else args.big_max_num_seqs:
-            for v in (args.variants if small else args.big_variants).split(","):
-                attn, mode, *rest = v.split("-")
-                tokens, sec, m = run_native(model, batch, mns, attention=attn, enforce_eager=mode == "eager",
-                                            fused_kernels=False if "unfused" in rest else None,
-                                            pack_weights=False if "unpacked" in rest else None)
-                roof, comp = floors(model, args.prompts, mns, bw)
-                rows.append(Row(name, f"random x{args.prompts}", "native", f"{v} seqs={mns}", tokens, sec, roof, comp,
-                                phases(m), decode_step_frac(roof, args.prompts, mns, m)))
-                print(rows[-1], flush=True)
-        if not args.skip_grpo and small:
-            group = prompts(args.groups * 8, vocab, seed=2, group=8)
-            for prefix in (True, False):
-                tokens, sec, m = run_native(model, group, max(args.max_num_seqs), enable_prefix_caching=prefix)
-                roof, comp = floors(model, args.groups * 8, max(args.max_num_seqs), bw)
-                rows.append(Row(name, f"grpo {args.groups}x8", "native", f"prefix {'on' if prefix else 'off'}",
-                                tokens, sec, roof, comp,
-                                f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {phases(m)}",
-                                decode_step_frac(roof, args.groups * 8, max(args.max_num_seqs), m)))
-                print(rows[-1], flush=True)
-        del model
-        torch.cuda.empty_cache()
-
-    best_hf = {r.model: max((x.tok_s for x in rows if x.model == r.model and x.engine == "hf generate"), default=math.nan)
-               for r in rows}
-    print()
-    print("| model | workload | engine | setting | output tok/s | x best generate | decode roofline frac | "
-          "decode step frac | compute floor frac | time s | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        step = "–" if math.isnan(r.decode_step_frac) else f"{r.decode_step_frac:.2f}"
-        print(f"| {r.model} | {r.workload} | {r.engine} | {r.setting} | {r.tok_s:,.0f} | "
-              f"{r.tok_s / best_hf[r.model]:.1f} | {r.roofline_s / r.seconds:.2f} | {step} | "
-              f"{r.compute_s / r.seconds:.2f} | {r.seconds:.1f} | {r.extra} |")
+        try:
+            rows += _model_rows(name, args, bw)
+        except Exception as e:  # noqa: BLE001 - e.g. the model does not fit: the other models still run
+            traceback.print_exc(limit=3)
+            rows.append(Row(name, "-", "-", "-", failed=f"{type(e).__name__}: {str(e).splitlines()[:1]}"))
+            torch.cuda.empty_cache()
+    table(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1)
+            json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1, default=str)
 
 
 if __name__ == "__main__":
