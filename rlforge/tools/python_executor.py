@@ -37,7 +37,9 @@ from rlforge.tools.base import BaseTool, ToolError, ToolResponse
 from rlforge.tools.registry import TOOLS
 
 _PRELUDE = r'''
-import sys
+import resource, sys
+for _k, _v in {LIMITS}:
+    resource.setrlimit(_k, (_v, _v))
 def _rlforge_guard(event, args):
     if event.startswith(("socket.", "subprocess.", "os.exec", "os.posix_spawn", "os.fork", "os.system",
                          "ctypes.dlopen", "ctypes.cdata", "os.forkpty", "pty.")):
@@ -61,16 +63,15 @@ class RunResult:
     wall_s: float
 
 
-def _limits(cpu_s: int, memory_mb: int, file_bytes: int):  # pragma: no cover - runs in the child
+def _limits(cpu_s: int, memory_mb: int, file_bytes: int) -> str:
+    """The ``(resource, value)`` pairs the child sets on itself (soft = hard, so the user's code cannot raise
+    them) before the user's code runs; set in the child rather than in a ``preexec_fn``, which is not safe
+    while the parent runs threads."""
     import resource
 
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+    pairs = [(resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory_mb << 20),
+             (resource.RLIMIT_FSIZE, file_bytes), (resource.RLIMIT_CORE, 0)]
+    return repr([(int(k), int(v)) for k, v in pairs])
 
 
 def _unshare_works() -> bool:
@@ -96,7 +97,9 @@ def run_python(code: str, *, cpu_s: int = 5, wall_s: float = 10.0, memory_mb: in
         with open(os.path.join(work, "main.py"), "w") as f:
             f.write(code)
         out_path = os.path.join(work, ".output")
-        prelude = _PRELUDE if audit_hook else _PRELUDE[_PRELUDE.index("__file__"):]
+        prelude = _PRELUDE if audit_hook else _PRELUDE[:_PRELUDE.index("def _rlforge_guard")] + _PRELUDE[
+            _PRELUDE.index("__file__"):]
+        prelude = prelude.replace("{LIMITS}", _limits(cpu_s, memory_mb, 1 << 20))
         cmd = [sys.executable, "-I", "-c", prelude]
         if netns:
             cmd = [shutil.which("unshare") or "unshare", "--net", "--map-root-user", *cmd]
@@ -105,7 +108,7 @@ def run_python(code: str, *, cpu_s: int = 5, wall_s: float = 10.0, memory_mb: in
         killed = ""
         with open(out_path, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, 1 << 20))
+                                    start_new_session=True)
             try:
                 proc.wait(timeout=wall_s)
             except subprocess.TimeoutExpired:
