@@ -118,6 +118,8 @@ HF_SETUPS: dict[str, HFSetup] = {
     "cb": HFSetup("cb", "continuous batching, default ContinuousBatchingConfig"),
     "cb-compile": HFSetup("cb", "continuous batching, default_compile_level=1", {"default_compile_level": 1}),
     "cb-nographs": HFSetup("cb", "continuous batching without CUDA graphs", {"use_cuda_graph": False}),
+    "cb-noflash": HFSetup("cb", "continuous batching on the model's own attention (no switch to flash)",
+                          {"auto_switch_to_flash": False}),
 }
 
 

@@ -19,8 +19,9 @@ transformers rows (``--hf-setups``, the registry in ``benchmarks/hf_baselines.py
                    ``attention_mask`` and ``eos_token_id=None``; ``generate-mask`` / ``generate-noeos`` add one
                    of the two, so the table shows which one costs the time;
   static-compile   plain + ``cache_implementation="static"`` (the forward compiled by transformers);
-  cb, cb-compile, cb-nographs   transformers' continuous batching (``init_continuous_batching`` /
-                   ``generate_batch``), default config, ``default_compile_level=1``, no CUDA graphs.
+  cb, cb-compile, cb-nographs, cb-noflash   transformers' continuous batching (``init_continuous_batching``
+                   / ``generate_batch``): default config, ``default_compile_level=1``, no CUDA graphs, no
+                   automatic switch to flash attention.
 Tokens are the generated tokens counted per row.  A setup that fails prints a ``failed: reason`` row.
 
 Native rows: Triton or torch decode attention, with and without CUDA graphs, with and without the
@@ -418,7 +419,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--longtail-p99", type=float, default=3000.0)
     ap.add_argument("--longtail-max", type=_positive, default=4096)
     ap.add_argument("--hf-setups", default="generate,generate-old,static-compile,cb",
-                    help=f"comma-separated transformers setups, of: {', '.join(HF_SETUPS)}")
+                    help="comma-separated transformers setups, each optionally with its own batch sizes "
+                         f"(SETUP@256:1024), of: {', '.join(HF_SETUPS)}")
     ap.add_argument("--hf-batch", type=_positive, nargs="*", default=[256, 512, 1024],
                     help="random-workload batch sizes of every transformers setup (one batch each)")
     ap.add_argument("--longtail-hf-setups", default="generate,cb",
@@ -451,10 +453,16 @@ def _args() -> argparse.Namespace:
                      "ATTENTION triton or torch")
     for key in ("hf_setups", "longtail_hf_setups"):
         names = [x for x in getattr(args, key).split(",") if x]
-        bad = [x for x in names if x not in HF_SETUPS]
-        if bad:
-            ap.error(f"unknown --{key.replace('_', '-')} {bad}: choose from {', '.join(HF_SETUPS)}")
-        setattr(args, key, names)
+        parsed = []
+        for x in names:
+            setup, _, sizes = x.partition("@")
+            if setup not in HF_SETUPS:
+                ap.error(f"unknown --{key.replace('_', '-')} {setup!r}: choose from {', '.join(HF_SETUPS)}")
+            try:
+                parsed.append((setup, [_positive(v) for v in sizes.split(":")] if sizes else None))
+            except (ValueError, argparse.ArgumentTypeError):
+                ap.error(f"--{key.replace('_', '-')} {x!r}: batch sizes after @ are positive ints joined by ':'")
+        setattr(args, key, parsed)
     try:
         args.longtail = LongTail(args.longtail_mean, args.longtail_p99, args.longtail_max)
     except ValueError as e:
@@ -466,11 +474,12 @@ def _args() -> argparse.Namespace:
     return args
 
 
-def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[str], cost: ModelCost, bw: Bandwidths,
-             max_time: float) -> list[Row]:
+def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[tuple[str, list[int] | None]],
+             cost: ModelCost, bw: Bandwidths, max_time: float) -> list[Row]:
+    """One row per (setup, batch size); a setup's own sizes (``SETUP@a:b``) replace ``sizes``."""
     rows = []
-    for setup in setups:
-        for b in sizes:
+    for setup, own in setups:
+        for b in own or sizes:
             part = wl.head(b)
             kind = "hf " + HF_SETUPS[setup].kind
 
@@ -525,7 +534,8 @@ def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths) -> list[Row
             wl = Workload(f"longtail x{n}", prompts(n, vocab, seed=4), args.longtail.sample(n, seed=0))
             print(f"longtail lengths: {describe(wl.lengths)} (LongTail{args.longtail})", flush=True)
             if small:
-                rows += _hf_rows(model, name, wl, [n], args.longtail_hf_setups, cost, bw, args.hf_max_time)
+                rows += _hf_rows(model, name, wl, [n], [(x, None) for x, _ in args.longtail_hf_setups], cost, bw,
+                                 args.hf_max_time)
         else:
             if not small:
                 continue

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 17's rollout measurements in one lease of the device machine, detached so that they outlive
+# one call's 10-minute limit.  Run from the repository root, as the device tool runs commands
+# ($OUT: the folder whose files come back).  About 22 minutes on one H200 (nvidia-h200), all steps.
+#
+#   bash benchmarks/rollout_plan.sh start [STEPS] [WAIT_S]   # first call: start detached, wait, collect
+#   bash benchmarks/rollout_plan.sh wait [WAIT_S]            # later calls (within the machine's warm window)
+#
+# STEPS (quoted, space-separated; default all, in this order; each has its own time limit):
+#   tests     (~2 min)  CUDA tests: split-KV decode (test_split_kv_cuda.py), the native engine, fused kernels
+#   kernels   (~3 min)  rollout_throughput --kernels: decode attention unsplit / split / auto at B=1,16,64 x 8k
+#                       and B=1024 x 512, whole decode steps at B=1,16,64 x 8k (0.5B, 7B) against their floors
+#   random    (~11 min) 0.5B random x1024 (and grpo): every transformers setup (generate, the old call, its two
+#                       halves, static cache + compile, continuous batching x3) beside the native engine
+#   longtail  (~4 min)  0.5B long-tail workload (mean 500, p99 3000, max 4096, 512 prompts): generate, static
+#                       cache + compile, continuous batching, native
+#   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
+# Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
+# written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason'.
+# Needs, carried with the call: .whl/ (omegaconf, antlr4, tensordict, pyvers) and .tok/ (a tokenizer folder).
+set -u
+P=/tmp/rplan
+REPO=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" "$P"
+cmd=${1:-wait}
+RT="$REPO/benchmarks/rollout_throughput.py"
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$REPO"/.whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+}
+
+step_tests() {
+  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
+    tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
+    > "$P/tests.txt" 2>&1
+}
+step_kernels() {
+  timeout -k 5 420 python3 "$RT" --kernels > "$P/kernels.txt" 2>&1
+}
+step_random() {
+  timeout -k 10 900 python3 "$RT" --models qwen2.5-0.5b --workloads random grpo --hf-batch 256 512 1024 \
+    --hf-setups generate,generate-old,generate-mask@1024,generate-noeos@1024,static-compile@512:1024,cb,cb-compile@1024,cb-noflash@1024 \
+    --variants triton-graph,triton-graph-unfused --json "$P/random.json" > "$P/random.txt" 2>&1
+}
+step_longtail() {
+  timeout -k 10 600 python3 "$RT" --models qwen2.5-0.5b --workloads longtail \
+    --longtail-hf-setups generate,static-compile,cb --hf-max-time 240 --variants triton-graph \
+    --json "$P/longtail.json" > "$P/longtail.txt" 2>&1
+}
+step_big() {
+  timeout -k 10 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
+    --big-max-num-seqs 256 1024 --json "$P/big.json" > "$P/big.txt" 2>&1
+}
+
+plan() {
+  setup
+  mark() { date -u +"$1 %T" >> "$P/progress.txt"; }
+  mark "start $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  cd "$REPO" || return
+  for s in ${STEPS:-tests kernels random longtail big}; do
+    "step_$s"
+    mark "$s rc=$?"
+  done
+  touch "$P/done"
+}
+
+collect() {
+  (cd /tmp && tar czf "$OUT/rollout_plan.tgz" rplan)
+  cat "$P/progress.txt" 2>/dev/null
+  for f in "$P"/*.txt; do
+    [ -f "$f" ] && [ "$(basename "$f")" != progress.txt ] || continue
+    echo "=== $f"
+    if grep -q "^| " "$f"; then grep "^| \|^device\|failed\|passed\|error" "$f" | cut -c1-260 | tail -70
+    else tail -15 "$f" | cut -c1-260; fi
+  done
+}
+
+case "$cmd" in
+  run) plan; exit 0 ;;
+  start)
+    rm -rf "$P" && mkdir -p "$P"
+    STEPS=${2:-tests kernels random longtail big} setsid nohup bash "$REPO/benchmarks/rollout_plan.sh" run \
+      > "$P/plan.log" 2>&1 < /dev/null &
+    WAIT=${3:-570}
+    ;;
+  wait) WAIT=${2:-570} ;;
+  *) echo "usage: $0 start [STEPS] [WAIT_S] | wait [WAIT_S]" >&2; exit 2 ;;
+esac
+end=$((SECONDS + WAIT))
+while [ ! -f "$P/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+collect
