@@ -161,9 +161,10 @@ def paged_decode_attention(
         num_warps=4,
     )
     if num_splits > 1:
+        pad = max(2, triton.next_power_of_2(num_splits))
         _combine_splits_kernel[(b, h)](
             po, plse, out, out.stride(0), out.stride(1), h,
-            NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=d,
-            num_warps=1,
+            NUM_SPLITS=num_splits, SPLITS_PAD=pad, HEAD_DIM=d,
+            num_warps=4 if pad * d > 2048 else 2,  # the [S, D] float32 tile stays in registers
         )
     return out
