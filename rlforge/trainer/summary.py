@@ -20,8 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlforge.config.common import hf_model_only
-
 START_ENV = "RLFORGE_RUN_START"
 """Environment variable: the run's start time (``time.time()``), set once the start line is printed."""
 
@@ -84,6 +82,8 @@ def _metrics_where(loggers: list[str], out_dir: Path) -> str:
 
 
 def _model_where(cfg: Any, out_dir: Path, step: int) -> str:
+    from rlforge.config.common import hf_model_only
+
     folder = out_dir / f"global_step_{step}"
     if not folder.is_dir():
         return f"not saved (trainer.save_freq={cfg.trainer.save_freq})"

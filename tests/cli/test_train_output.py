@@ -43,7 +43,8 @@ def test_log_has_start_line_summary_and_no_carriage_returns(tmp_path):
     assert any(line.startswith("step 1 | ") for line in lines), text
     done, where = lines[-2:]
     assert done.startswith("rlforge train: done in ") and "at step 1" in done and "no validation" in done, text
-    assert where == f"rlforge train: metrics {out / 'metrics.jsonl'} | model not saved (trainer.save_freq=-1)"
+    hf = out / "global_step_1" / "actor" / "huggingface"  # the default job saves the policy after its last step
+    assert where == f"rlforge train: metrics {out / 'metrics.jsonl'} | model {hf} (Hugging Face folder)"
 
 
 def test_article_style_overrides_run(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""The built-in arithmetic task: determinism, splits, difficulty, and loading by name."""
+"""The built-in arithmetic task: determinism, held-out validation problems, difficulty and mixes of
+levels, and loading by name."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlforge.config import load_config, validate_config
 from rlforge.data import BUILTIN_TASKS, PromptLoader, load_rl_dataset
+from rlforge.data.load import load_rows
 from rlforge.data.tasks.arithmetic import LEVELS, evaluate, generate_arithmetic
 from rlforge.errors import ConfigError
 from rlforge.rewards import default_compute_score
@@ -72,6 +75,46 @@ def test_difficulty_changes_problems() -> None:
     assert set(LEVELS) == {1, 2, 3, 4, 5}
     with pytest.raises(ConfigError, match="data.builtin.difficulty=9"):
         generate_arithmetic(split="train", size=1, difficulty=9, seed=1)
+    with pytest.raises(ConfigError, match=r"data.builtin.difficulty=\[1, 9\]"):
+        generate_arithmetic(split="train", size=1, difficulty=[1, 9], seed=1)
+
+
+def test_default_job_validation_prompts_are_not_training_prompts() -> None:
+    """The default job's val set is held out: none of its prompts is a training prompt."""
+    cfg = load_config(job="default")
+    assert cfg.data.train_files == cfg.data.val_files == "builtin:arithmetic"
+    train, _ = load_rows(cfg.data.train_files, cfg.data, "train")
+    val, _ = load_rows(cfg.data.val_files, cfg.data, "val")
+    assert len(train) == cfg.data.builtin.train_size and len(val) == cfg.data.builtin.val_size
+    assert set(questions(val)).isdisjoint(questions(train))
+
+
+def test_level_1_holds_out_some_of_its_100_sums() -> None:
+    """At level 1 (100 possible sums) 2000 training rows cover every sum that is not held out, and
+    the validation rows only the others."""
+    every = {f"{a} + {b}" for a in range(10) for b in range(10)}  # the reference: all level-1 problems
+    train = {r["extra_info"]["expression"] for r in generate_arithmetic(split="train", size=2000, difficulty=1, seed=1)}
+    val = {r["extra_info"]["expression"] for r in generate_arithmetic(split="val", size=200, difficulty=1, seed=1)}
+    assert train | val == every and not train & val
+    assert 5 <= len(val) <= 30  # about one in 8
+
+
+def test_a_list_of_levels_mixes_them_in_turn() -> None:
+    rows = generate_arithmetic(split="val", size=10, difficulty=[1, 2], seed=1)
+    assert [r["extra_info"]["difficulty"] for r in rows] == [1, 2] * 5
+    for r in rows:
+        a, op, b = r["extra_info"]["expression"].split()
+        digits = 1 if r["extra_info"]["difficulty"] == 1 else 2
+        assert len(a) == len(b) == digits and op in ("+", "-") and (digits == 2 or op == "+")
+        assert r["reward_model"]["ground_truth"] == str(int(a) + int(b) if op == "+" else int(a) - int(b))
+    assert generate_arithmetic(split="val", size=4, difficulty=[2], seed=1) == generate_arithmetic(
+        split="val", size=4, difficulty=2, seed=1)
+
+
+@pytest.mark.parametrize("value", ["[]", "0", "[1,0]", "two", "true"])
+def test_bad_difficulty_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="data.builtin.difficulty"):
+        validate_config(load_config([f"data.builtin.difficulty={value}"]))
 
 
 def test_load_builtin_by_name(smol_tokenizer) -> None:

@@ -111,3 +111,39 @@ def test_errors_name_the_path(run_dir, tmp_path, capsys):
     assert main(["export", str(bare), "--out", str(tmp_path / "y")]) == 2
     assert "--model-path" in _one_error(capsys)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_default_job_saves_the_trained_policy_as_a_hugging_face_folder(tmp_path, capsys):
+    """The default job (here on ``preset:tiny``, one step) ends by writing the policy as a Hugging Face
+    folder (``save_freq`` = its last step, ``save_contents=[hf_model]``), not a resumable checkpoint, and
+    its summary names the folder.  Reference: one AdamW step from the initial weights moves every
+    element by at most lr (Adam's first update is lr * g / |g|) plus the decoupled weight decay."""
+    from transformers import AutoModelForCausalLM
+
+    from rlforge.config import load_config
+    from rlforge.models import load_causal_lm, load_tokenizer
+
+    run = ["actor_rollout_ref.model.path=preset:tiny", *TOKENIZER, "trainer.device=cpu", "trainer.logger=[console]",
+           "trainer.total_training_steps=1", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "data.max_response_length=4",
+           "data.builtin.train_size=8", "data.builtin.val_size=4", f"trainer.default_local_dir={tmp_path}"]
+    assert main(["train", *run]) == 0  # `rlforge train` runs the default job
+    hf = tmp_path / "global_step_1" / "actor" / "huggingface"
+    where = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rlforge train: metrics")]
+    assert where == [f"rlforge train: metrics console only (trainer.logger=[console,file] writes metrics.jsonl) "
+                     f"| model {hf} (Hugging Face folder)"]
+    assert (hf / "model.safetensors").is_file() and (hf / "tokenizer.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "global_step_1").iterdir()) == ["actor", "config.yaml"]
+    assert not (tmp_path / "latest_checkpointed_iteration.txt").exists()  # nothing to resume from
+
+    trained = AutoModelForCausalLM.from_pretrained(hf).state_dict()
+    optim = load_config(run, job="default").actor_rollout_ref.actor.optim
+    initial = load_causal_lm("preset:tiny", load_tokenizer("preset:tiny", TOK), seed=1).state_dict()
+    assert trained.keys() == initial.keys()
+    moved = 0
+    for k, w in initial.items():
+        step = (trained[k] - w).abs()
+        bound = optim.lr * (1 + optim.weight_decay * w.abs()) * (1 + 1e-3) + 1e-9
+        assert bool((step <= bound).all()), (k, float((step - bound).max()))
+        moved += int((step > 0).sum())
+    assert moved > 0  # the trained weights, not the initial ones

@@ -56,3 +56,12 @@ def test_progress_bar_is_silent_off_a_terminal(monkeypatch):
     bar.update(5)
     bar.close()
     assert err.getvalue() == ""
+
+
+def test_summary_names_the_hugging_face_folder_of_an_hf_model_only_save(tmp_path):
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=3",
+                       "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]"], job=None)
+    hf = tmp_path / "global_step_3" / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    _, where = end_lines(cfg, ["file"], 1.0, 3, None, None)
+    assert where == f"rlforge train: metrics {tmp_path / 'metrics.jsonl'} | model {hf} (Hugging Face folder)"
