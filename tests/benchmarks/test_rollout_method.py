@@ -128,3 +128,19 @@ def test_generate_long_tail_lengths(tiny, setup: str) -> None:
 def test_eos_off_setup_refuses_long_tail(tiny) -> None:
     with pytest.raises(ValueError, match="EOS off"):
         hf.run_setup(tiny, "generate-old", _ids(2, 5, tiny.config.vocab_size), np.array([2, 4]))
+
+
+def test_native_engine_gets_per_row_lengths(tiny) -> None:
+    """The long-tail workload's native rows: each row generates exactly its own length, counted from the engine's sequences."""
+    rt = _load("rollout_throughput")
+    lengths = np.array([3, 1, 6, 2])
+    batch = rt.prompts(4, tiny.config.vocab_size, seed=0)
+    made: list = []
+    eng = rt.NativeRollout(tiny, [], 0, torch.device("cpu"), progress=False, ignore_eos=True, seed=0)
+    with rt.per_row_lengths(lengths, made):
+        eng.generate(batch, rt.SamplingParams(temperature=1.0, max_new_tokens=int(lengths.max())))
+    assert [len(s.output_ids) for s in sorted(made, key=lambda s: s.seq_id)] == lengths.tolist()
+    import rlforge.rollout.native.engine as engine_module
+    from rlforge.rollout.native.sequence import Sequence
+
+    assert engine_module.Sequence is Sequence  # restored
