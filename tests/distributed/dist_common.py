@@ -136,9 +136,10 @@ def launch(case: str, out_dir: Path, opts: dict, timeout: float = 120.0) -> None
     run_ranks([__file__, case, str(out_dir), json.dumps(opts)], WORLD, timeout)
 
 
-def _case_train(out: Path, opts: dict) -> None:
+def _case_train(out: Path, opts: dict, leave_group: bool = True) -> None:
     """One actor step on this rank's half of the batch; rank 0 saves metrics, the full state,
-    a ``sync_to`` copy, and (fsdp2) the state re-loaded into a fresh engine."""
+    a ``sync_to`` copy, and (fsdp2) the state re-loaded into a fresh engine.  ``leave_group``:
+    destroy the process group at the end (False: :func:`_case_train_many` runs the next case in it)."""
     import torch.distributed as dist
 
     import rlforge.engine.fsdp1  # noqa: F401 - registers "fsdp"
@@ -185,6 +186,20 @@ def _case_train(out: Path, opts: dict) -> None:
     if info.rank == 0:
         torch.save(result, out / "result.pt")
     dist.barrier()
+    if leave_group:
+        dist.destroy_process_group()
+
+
+def _case_train_many(out: Path, cases: dict) -> None:
+    """Every ``train`` case of ``cases`` (name -> options) in turn, in one process group: one
+    interpreter start per rank for all of them (the imports cost ~5-10 s of CPU per process, more
+    than a case's step).  Case NAME writes ``out/NAME/result.pt``; a failing case ends the launch,
+    so the cases after it have no result."""
+    import torch.distributed as dist
+
+    for name, opts in cases.items():
+        (out / name).mkdir(parents=True, exist_ok=True)
+        _case_train(out / name, opts, leave_group=False)
     dist.destroy_process_group()
 
 
@@ -244,4 +259,5 @@ def run_single(argv: list[str], timeout: float) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    {"train": _case_train, "steps": _case_steps}[sys.argv[1]](Path(sys.argv[2]), json.loads(sys.argv[3]))
+    worker = {"train": _case_train, "train_many": _case_train_many, "steps": _case_steps}[sys.argv[1]]
+    worker(Path(sys.argv[2]), json.loads(sys.argv[3]))

@@ -6,7 +6,8 @@ WORLD_SIZE / MASTER_* set, as torchrun does).  Each rank takes its share of dist
 loss, computes: log-probs and entropy before the update, the loss metrics and the full
 gradients of one mini-batch, the gradient norm and the optimizer step, the log-probs after
 the step, the full state dict, a ``sync_to`` copy and a reload of the state into a fresh
-engine.  Rank 0 saves everything to ``out_dir/result.pt``.
+engine.  Rank 0 saves everything to ``out_dir/result.pt``.  ``launch_cases`` runs several cases
+in one launch (``out_dir/NAME/result.pt`` each).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ import dist_common as dc  # noqa: E402
 def launch(world: int, out_dir: Path, opts: dict, timeout: float = 300.0) -> None:
     """Run the worker on ``world`` gloo ranks; raise with the ranks' stderr on failure."""
     dc.run_ranks([__file__, str(out_dir), json.dumps(opts)], world, timeout)
+
+
+def launch_cases(world: int, out_dir: Path, cases: dict, timeout: float) -> None:
+    """Run every case of ``cases`` (name -> options) in turn in one ``world``-rank launch, one
+    process group for all of them (the imports cost ~5-10 s of CPU per process, more than a case's
+    step); case NAME writes ``out_dir/NAME/result.pt``.  A failing case ends the launch (the cases
+    after it have no result); raise with the ranks' stderr."""
+    dc.run_ranks([__file__, str(out_dir), json.dumps({"cases": cases})], world, timeout)
 
 
 def load_model(layers: int = 2):
@@ -65,7 +74,7 @@ def _gather_rows(t: torch.Tensor, world: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def main(out: Path, opts: dict) -> None:
+def main(out: Path, opts: dict, leave_group: bool = True) -> None:
     import torch.distributed as dist
 
     from rlforge.batch import Batch
@@ -109,7 +118,8 @@ def main(out: Path, opts: dict) -> None:
     if info.rank == 0:
         torch.save(result, out / "result.pt")
     dist.barrier()
-    dist.destroy_process_group()
+    if leave_group:
+        dist.destroy_process_group()
 
 
 def critic_batch(batch):
@@ -121,7 +131,7 @@ def critic_batch(batch):
     return batch
 
 
-def critic_main(out: Path, opts: dict) -> None:
+def critic_main(out: Path, opts: dict, leave_group: bool = True) -> None:
     """The value model: values before the update, the value-loss metrics and full gradients."""
     import torch.distributed as dist
 
@@ -156,6 +166,17 @@ def critic_main(out: Path, opts: dict) -> None:
     if info.rank == 0:
         torch.save(result, out / "result.pt")
     dist.barrier()
+    if leave_group:
+        dist.destroy_process_group()
+
+
+def run_cases(out: Path, cases: dict) -> None:
+    """:func:`launch_cases`'s worker: each case in ``out/NAME``, in this rank's one process group."""
+    import torch.distributed as dist
+
+    for name, opts in cases.items():
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (critic_main if opts.get("critic") else main)(out / name, opts, leave_group=False)
     dist.destroy_process_group()
 
 
@@ -163,4 +184,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     options = json.loads(sys.argv[2])
-    (critic_main if options.get("critic") else main)(Path(sys.argv[1]), options)
+    if "cases" in options:
+        run_cases(Path(sys.argv[1]), options["cases"])
+    else:
+        (critic_main if options.get("critic") else main)(Path(sys.argv[1]), options)

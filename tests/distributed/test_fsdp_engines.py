@@ -50,12 +50,35 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every case of CASES run by one 2-rank launch (one interpreter start per rank instead of
+    one per case, ~5-10 s of CPU each); returns the result of a case, or fails its test with the
+    ranks' stderr when the launch stopped before that case's result was written."""
+    out = tmp_path_factory.mktemp("fsdp_cases")
+    error = None
+    try:
+        dc.launch("train_many", out, {name: {"mode": MODE, "micro": 2, **opts} for name, opts in CASES.items()},
+                  timeout=120.0 * len(CASES))
+    except RuntimeError as e:  # reported by the tests of the cases without a result
+        error = e
+
+    def result(case: str) -> dict:
+        path = out / case / "result.pt"
+        if not path.is_file():
+            pytest.fail(f"the 2-rank launch wrote no result for {case}:\n{error}")
+        return torch.load(path, weights_only=False)
+
+    return result
+
+
+# xdist_group: under ``pytest -n``, the cases share one worker, so that the launch runs once
+@pytest.mark.xdist_group("fsdp_engines")
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_step_matches_local_engine(case, references, tmp_path):
+def test_one_step_matches_local_engine(case, references, launched):
     chunk = CASES[case].get("chunk", 0)
     ref_metrics, ref_logp, ref_state = references(chunk)
-    dc.launch("train", tmp_path, {"mode": MODE, "micro": 2, **CASES[case]})
-    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    r = launched(case)
     m = r["metrics"]
     # The chunked head's matmuls see other shapes and buffer alignments under FSDP (the head's
     # weight is a view into the all-gather buffer): log-probs may differ by an ulp, which moves

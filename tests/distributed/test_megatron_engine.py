@@ -60,6 +60,41 @@ CASES = {
     "pp2-vpp2": (2, {"pp": 2, "vpp": 2, "layers": 4, "micro": 1}),
     "pp2-dynamic": (2, {"pp": 2, "micro": 1, "budget": 24}),
 }
+CRITIC = {"critic": True, "tp": 2, "pp": 2, "sp": True, "micro": 1}  # the value model, on 4 ranks
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Per world size, one launch runs every case of CASES with that many ranks (and, on 4, the
+    critic's): one interpreter start per rank instead of one per case (~5-10 s of CPU each).
+    Returns the result of a case, or fails its test with the ranks' stderr when the launch
+    stopped before that case's result was written."""
+    runs: dict[int, tuple] = {}
+
+    def result(world: int, case: str) -> dict:
+        if world not in runs:
+            cases = {name: {"mode": MODE, **opts} for name, (w, opts) in CASES.items() if w == world}
+            if world == 4:
+                cases["critic"] = {"mode": MODE, **CRITIC}
+            out = tmp_path_factory.mktemp(f"megatron_world{world}")
+            error = None
+            try:
+                mw.launch_cases(world, out, cases, timeout=180.0 * len(cases))
+            except RuntimeError as e:  # reported by the tests of the cases without a result
+                error = e
+            runs[world] = (out, error)
+        out, error = runs[world]
+        path = out / case / "result.pt"
+        if not path.is_file():
+            pytest.fail(f"the {world}-rank launch wrote no result for {case}:\n{error}")
+        return torch.load(path, weights_only=False)
+
+    return result
+
+
+def _group(world: int):
+    """Under ``pytest -n``, the cases of one launch share one worker, so that it runs once."""
+    return pytest.mark.xdist_group(f"megatron_world{world}")
 
 
 def _close_on_tokens(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, atol: float) -> bool:
@@ -93,11 +128,10 @@ def _check(r: dict, ref: dict) -> None:
     dc.close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_one_step_matches_single_process(case, tmp_path):
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_group(w)) for c, (w, _) in CASES.items()])
+def test_one_step_matches_single_process(case, launched):
     world, opts = CASES[case]
-    mw.launch(world, tmp_path, {"mode": MODE, **opts})
-    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    r = launched(world, case)
     _check(r, reference(opts.get("layers", 2)))
     em = r["engine_metrics"]
     tp, pp = opts.get("tp", 1), opts.get("pp", 1)
@@ -106,7 +140,8 @@ def test_one_step_matches_single_process(case, tmp_path):
         assert 0.0 < em["parallel/pp_bubble"] < 1.0
 
 
-def test_value_model_matches_single_process(tmp_path):
+@_group(4)
+def test_value_model_matches_single_process(launched):
     """The critic's value head (replicated, fed by the sequence-parallel norm) through TP=2 x PP=2."""
     from rlforge.config import CriticConfig
     from rlforge.models import load_value_model
@@ -133,8 +168,7 @@ def test_value_model_matches_single_process(tmp_path):
 
     critic.engine = Capture()
     critic.update(batch)
-    mw.launch(4, tmp_path, {"mode": MODE, "critic": True, "tp": 2, "pp": 2, "sp": True, "micro": 1})
-    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    r = launched(4, "critic")
     assert torch.allclose(r["values"], values, atol=1e-5)
     assert r["metrics"]["vf_loss"] == pytest.approx(captured["metrics"]["vf_loss"], rel=1e-5, abs=1e-6)
     assert set(r["grads"]) == {n for n, _ in critic_model.named_parameters()}
