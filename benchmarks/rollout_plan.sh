@@ -16,7 +16,8 @@
 #                       cache + compile, continuous batching, native
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
-# written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason'.
+# written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
+# a step stopped by its time limit prints the table of the rows it measured.
 # Needs, carried with the call: .whl/ (omegaconf, antlr4, tensordict, pyvers) and .tok/ (a tokenizer folder).
 set -u
 P=/tmp/rplan
@@ -42,17 +43,17 @@ step_kernels() {
   timeout -k 5 420 python3 "$RT" --kernels > "$P/kernels.txt" 2>&1
 }
 step_random() {
-  timeout -k 10 900 python3 "$RT" --models qwen2.5-0.5b --workloads random grpo --hf-batch 256 512 1024 \
-    --hf-setups generate,generate-old,generate-mask@1024,generate-noeos@1024,static-compile@512:1024,cb,cb-compile@1024,cb-noflash@1024 \
+  timeout -k 60 900 python3 "$RT" --models qwen2.5-0.5b --workloads random grpo --hf-batch 256 512 1024 \
+    --hf-setups generate,generate-old,generate-mask@1024,generate-noeos@1024,cb,cb-noflash@1024,static-compile@512:1024,cb-compile@1024 \
     --variants triton-graph,triton-graph-unfused --json "$P/random.json" > "$P/random.txt" 2>&1
 }
 step_longtail() {
-  timeout -k 10 600 python3 "$RT" --models qwen2.5-0.5b --workloads longtail \
+  timeout -k 60 600 python3 "$RT" --models qwen2.5-0.5b --workloads longtail \
     --longtail-hf-setups generate,static-compile,cb --hf-max-time 240 --variants triton-graph \
     --json "$P/longtail.json" > "$P/longtail.txt" 2>&1
 }
 step_big() {
-  timeout -k 10 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
+  timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
     --big-max-num-seqs 256 1024 --json "$P/big.json" > "$P/big.txt" 2>&1
 }
 

@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import math
+import signal
 import sys
 import time
 import traceback
@@ -521,28 +522,25 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
     return row
 
 
-def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths) -> list[Row]:
+def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths, rows: list[Row]) -> None:
+    """Append ``name``'s rows to ``rows`` as they are measured."""
     model = build(name)
     cost, vocab, small = ModelCost.of(model), model.config.vocab_size, name in args.hf_models
-    rows: list[Row] = []
     # unmeasured: the process's first native generate pays one-time costs (Triton compiles,
     # cuBLAS heuristics) that would otherwise land in whichever row runs first
     run_native(model, Workload("warm-up", prompts(64, vocab, seed=3), np.full(64, 16)), 64)
     variants = (args.variants if small else args.big_variants).split(",")
     sizes = args.max_num_seqs if small else args.big_max_num_seqs
-    for w in args.workloads:
+    for w in args.workloads:  # native rows first (seconds), then the transformers rows (minutes)
         if w == "random":
             wl = Workload(f"random x{args.prompts}", prompts(args.prompts, vocab, seed=0),
                           np.full(args.prompts, args.new_tokens))
-            if small:
-                rows += _hf_rows(model, name, wl, args.hf_batch, args.hf_setups, cost, bw, args.hf_max_time)
+            hf_sizes, hf_setups = args.hf_batch, args.hf_setups
         elif w == "longtail":
             n = args.longtail_prompts
             wl = Workload(f"longtail x{n}", prompts(n, vocab, seed=4), args.longtail.sample(n, seed=0))
             print(f"longtail lengths: {describe(wl.lengths)} (LongTail{args.longtail})", flush=True)
-            if small:
-                rows += _hf_rows(model, name, wl, [n], [(x, None) for x, _ in args.longtail_hf_setups], cost, bw,
-                                 args.hf_max_time)
+            hf_sizes, hf_setups = [n], [(x, None) for x, _ in args.longtail_hf_setups]
         else:
             if not small:
                 continue
@@ -555,9 +553,10 @@ def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths) -> list[Row
         for mns in sizes:
             for v in variants:
                 rows.append(_native_row(model, name, wl, v, mns, cost, bw))
+        if small:
+            rows += _hf_rows(model, name, wl, hf_sizes, hf_setups, cost, bw, args.hf_max_time)
     del model
     torch.cuda.empty_cache()
-    return rows
 
 
 def _fmt(x: float, spec: str = ".2f") -> str:
@@ -606,17 +605,27 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     rows: list[Row] = []
+
+    def report() -> None:
+        table(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1, default=str)
+
+    def on_term(signum, frame) -> None:  # a plan's `timeout` stops the run: keep the rows measured so far
+        print(f"\nstopped by signal {signum} after {len(rows)} rows", flush=True)
+        report()
+        sys.exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
     for name in args.models:
         try:
-            rows += _model_rows(name, args, bw)
+            _model_rows(name, args, bw, rows)
         except Exception as e:  # noqa: BLE001 - e.g. the model does not fit: the other models still run
             traceback.print_exc(limit=3)
             rows.append(Row(name, "-", "-", "-", failed=f"{type(e).__name__}: {str(e).splitlines()[:1]}"))
             torch.cuda.empty_cache()
-    table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([r.__dict__ | {"tok_s": r.tok_s} for r in rows], f, indent=1, default=str)
+    report()
 
 
 if __name__ == "__main__":
