@@ -3,6 +3,8 @@ conversation after a right one; ``max_user_turns`` and ``max_tokens_per_turn`` b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from helpers import text_prompts
@@ -66,3 +68,21 @@ def test_max_tokens_per_turn_closes_the_turn_with_an_inserted_eos(tiny_tokenizer
     assert out["responses"][0, :len(want)].tolist() == want
     assert out["response_mask"][0, :len(want)].tolist() == ([1] * 4 + [0] * len(ins)) * 2 + [1] * 4
     assert list(out.non_tensor["multi_turn/stop_reason"]) == ["max_assistant_turns"]
+
+
+def test_gsm8k_tool_reward_reaches_the_batch(tiny_tokenizer, mt_model, scripted):
+    """verl's gsm8k tool config: create gets the row's ground truth, calc_reward's score and the step
+    rewards land in ``multi_turn/tool_reward``, and the tool's text is the inserted response."""
+    from rlforge.tools import load_tools
+
+    path = Path(__file__).parent / "verl_gsm8k_tool_config.yaml"
+    tok = tiny_tokenizer
+    call = lambda a: _turn(tok, f'<tool_call>{{"name": "calc_gsm8k_reward", "arguments": {{"answer": "{a}"}}}}</tool_call>')  # noqa: E731
+    script = {0: [call("72"), _turn(tok, "#### 72")], 1: [call("70"), _turn(tok, "#### 70")]}
+    ro = scripted(mt_model, [tok.eos_token_id], tok.pad_token_id, CPU, progress=False, tokenizer=tok,
+                  multi_turn=MultiTurnConfig(enable=True), tools=load_tools(str(path)), script=script)
+    out = ro.generate(_prompts(tok, 2, ["72", "72"]), SamplingParams(max_new_tokens=150))
+    assert list(out.non_tensor["multi_turn/tool_reward"]) == [1.0, -0.05]
+    w = out["prompts"].shape[1]
+    ins = [t for t, k in zip(out["responses"][1].tolist(), out["response_mask"][1].tolist(), strict=True) if k == 0]
+    assert "reward=0.0" in tok.decode(ins) and int(out["attention_mask"][1, w:].sum()) > len(ins)

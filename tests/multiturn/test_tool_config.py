@@ -4,6 +4,7 @@ file and the key, raised by config validation (before any model loads)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,24 +16,7 @@ from rlforge.tools import load_tools
 from rlforge.tools.gsm8k import Gsm8kTool
 
 # verl's examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml, in its shape
-VERL_GSM8K = """
-tools:
-  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
-    config:
-      type: native
-    tool_schema:
-      type: "function"
-      function:
-        name: "calc_gsm8k_reward"
-        description: "A tool for calculating the reward of gsm8k"
-        parameters:
-          type: "object"
-          properties:
-            answer:
-              type: "string"
-              description: "The answer to the question"
-          required: ["answer"]
-"""
+VERL_GSM8K = (Path(__file__).parent / "verl_gsm8k_tool_config.yaml").read_text()
 
 
 def _write(tmp_path, text, name="tools.yaml"):
