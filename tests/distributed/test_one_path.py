@@ -1,6 +1,6 @@
-"""One engine for 1 and N processes: ``strategy=fsdp2`` in one plain process (a one-rank group
-made in-process, as ``rlforge train`` does on one device) against the same engine on 2 gloo
-ranks, each with half of the batch.  Two optimizer steps; the per-step losses and gradient
+"""One engine for 1 and N processes: ``strategy=fsdp2`` in one plain process (this one, in a
+one-rank group made in-process, as ``rlforge train`` does on one device) against the same
+engine on 2 gloo ranks, each with half of the batch.  Two optimizer steps; the per-step losses and gradient
 norms and the parameters afterwards must agree to 1e-5.  With ``optimizer_offload=true`` the
 one-process run keeps the AdamW moments in the engine's host buffers between steps and
 trains exactly as without it.
@@ -8,7 +8,6 @@ trains exactly as without it.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,11 +19,14 @@ import dist_common as dc  # noqa: E402
 
 MODE = "seq-mean-token-mean"
 OPTS = {"mode": MODE, "micro": 2, "steps": 2, "strategy": "fsdp2"}
+pytestmark = pytest.mark.xdist_group("one_path")  # under ``pytest -n``: one worker, one ``single`` run
 
 
 def _one_process(tmp: Path, **extra) -> dict:
+    """The steps in this process (no ``WORLD_SIZE``: the worker makes a one-rank group in-process
+    and destroys it at the end), as test_lora_fsdp2 does: no interpreter start (~5-10 s of CPU)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    dc.run_single([dc.__file__, "steps", str(tmp), json.dumps({**OPTS, **extra})], timeout=120)
+    dc._case_steps(tmp, {**OPTS, **extra})
     return torch.load(tmp / "result.pt", weights_only=False)
 
 
