@@ -2,6 +2,8 @@
 
 Each strategy (FSDP2, FSDP1) trains two steps and saves a checkpoint; a single-process run
 then resumes from it, which checks that the sharded engines write full, plain state dicts.
+The FSDP2 run (``old_log_prob`` taken from the update's forward) is also the on-policy test's
+reference for a run that recomputes it.
 """
 
 from __future__ import annotations
@@ -38,12 +40,30 @@ def rlforge(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
-def test_two_process_training_then_single_process_resume(tmp_path, strategy):
+def two_process_run(out, strategy: str, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Two steps on two processes with ``strategy``, a checkpoint at step 2; the result and the rows."""
     res = rlforge("trainer.n_gpus_per_node=2", f"actor_rollout_ref.actor.strategy={strategy}",
-                  "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}")
+                  "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={out}", *extra)
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return res, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory):
+    """:func:`two_process_run` with FSDP2 and the default ``recompute_old_log_prob`` (null: here
+    ppo_mini_batch_size = train_batch_size, so ``old_log_prob`` comes from the update's forward),
+    made once for the resume test and the on-policy test (3 interpreter starts and a run saved)."""
+    out = tmp_path_factory.mktemp("fsdp2_run")
+    return out, *two_process_run(out, "fsdp2")
+
+
+# xdist_group: under ``pytest -n``, the tests of fsdp2_run share one worker, so that it runs once
+@pytest.mark.parametrize("strategy", [pytest.param("fsdp2", marks=pytest.mark.xdist_group("fsdp2_run")), "fsdp"])
+def test_two_process_training_then_single_process_resume(request, tmp_path, strategy):
+    if strategy == "fsdp2":
+        tmp_path, res, rows = request.getfixturevalue("fsdp2_run")
+    else:
+        res, rows = two_process_run(tmp_path, strategy)
     assert [r["step"] for r in rows] == [1, 2]  # rank 0 logs, once per step
     assert all(r["actor/grad_norm"] > 0 for r in rows)  # continuous rewards: the policy moves
     assert (tmp_path / "global_step_2" / "actor" / "state.pt").exists()
@@ -77,18 +97,14 @@ def test_dynamic_sampling_limit_is_decided_by_all_ranks(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_two_process_on_policy_skip_matches_the_recomputed_old_log_probs(tmp_path):
+@pytest.mark.xdist_group("fsdp2_run")
+def test_two_process_on_policy_skip_matches_the_recomputed_old_log_probs(fsdp2_run, tmp_path):
     """FSDP2 on two ranks: ``old_log_prob`` taken from the update's forward (the default here:
-    ppo_mini_batch_size = train_batch_size) gives the first step's entropy and loss of the run
-    that recomputes it in a separate forward (same seed, same samples, same weights)."""
-    rows = {}
-    for name, choice in (("skip", "null"), ("recompute", "true")):
-        out = tmp_path / name
-        res = rlforge("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
-                      "trainer.total_training_steps=1", f"actor_rollout_ref.actor.recompute_old_log_prob={choice}",
-                      f"trainer.default_local_dir={out}")
-        assert res.returncode == 0, res.stderr[-3000:]
-        rows[name] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    ppo_mini_batch_size = train_batch_size; fsdp2_run) gives the first step's entropy and loss of
+    the same run that recomputes it in a separate forward (same seed, same samples, same weights)."""
+    _, _, skip = fsdp2_run
+    _, recompute = two_process_run(tmp_path, "fsdp2", "actor_rollout_ref.actor.recompute_old_log_prob=true")
+    rows = {"skip": skip[0], "recompute": recompute[0]}
     assert "timing_s/old_log_prob" not in rows["skip"] and "timing_s/old_log_prob" in rows["recompute"]
     for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm"):
         assert rows["skip"][key] == pytest.approx(rows["recompute"][key], rel=1e-4, abs=1e-6), key
