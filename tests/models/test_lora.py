@@ -221,3 +221,15 @@ def test_adapter_of_another_base_is_one_error(trained, tmp_path, tiny_tokenizer)
     cfg = SimpleNamespace(**{**vars(lora_cfg()), "lora_adapter_path": str(tmp_path / "a")})
     with pytest.raises(ConfigError, match=r"trained on base model preset:tiny, which does not fit other-model"):
         apply_lora(other, cfg, "actor_rollout_ref.model", "other-model")
+
+
+def test_critic_adapter_trains_the_value_head(tiny_tokenizer):
+    """``critic.model.lora_rank``: the value model's linear layers get the adapter; its ``score``
+    head is not adapted and trains whole; everything else is frozen."""
+    from rlforge.models import load_value_model
+
+    critic = load_value_model("preset:tiny", tiny_tokenizer, {}, seed=0)
+    apply_lora(critic, lora_cfg(), "critic.model", "preset:tiny", trainable=("score",))
+    trainable = {n for n, p in critic.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if not is_adapter_key(n)} == {n for n, _ in critic.score.named_parameters(prefix="score")}
+    assert any(is_adapter_key(n) for n in trainable) and not any(n.startswith("score.") and "lora" in n for n in trainable)
