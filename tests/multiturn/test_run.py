@@ -14,7 +14,7 @@ ARGS = [
     "data.train_files=builtin:tool_arithmetic", "data.val_files=builtin:tool_arithmetic",
     "data.train_batch_size=2", f"{R}.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "data.max_response_length=24", "data.max_prompt_length=160", "data.builtin.train_size=8",
+    "data.max_response_length=24", "data.max_prompt_length=192", "data.builtin.train_size=8",
     "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
     "trainer.logger=[file]", f"{R}.name=native", f"{R}.calculate_log_probs=true",
     f"+{R}.multi_turn.enable=true", f"+{R}.multi_turn.tool_config_path=builtin:calculator",

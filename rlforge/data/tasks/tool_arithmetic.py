@@ -3,7 +3,8 @@
 Each row asks for ``a * b`` where both factors have ``difficulty + 1`` digits (level 1: two-digit
 factors ... level 5: six-digit factors), too long to multiply in the head for a small model.  The
 system message describes the ``calculator`` tool in the Hermes format (``<tool_call>{json}</tool_call>``),
-since not every chat template renders tool schemas (SmolLM2's does not).  Run it with
+since not every chat template renders tool schemas (SmolLM2's does not), and one worked conversation
+(:data:`EXAMPLE`: a question, the tool call, the tool's result, the answer) comes before the question.  Run it with
 ``rollout.multi_turn.enable=true`` and ``rollout.multi_turn.tool_config_path=builtin:calculator``;
 without them it is the same task without tools, for the comparison.
 
@@ -28,6 +29,14 @@ SYSTEM = (
     "and stop; the result comes back in the next message. Then answer with only the number."
 )
 PROMPT = "What is {a} * {b}?"
+EXAMPLE = [
+    {"role": "user", "content": "What is 23 * 41?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "23 * 41"}}</tool_call>'},
+    {"role": "tool", "content": "943"},
+    {"role": "assistant", "content": "943"},
+]
+"""One worked conversation before the question: without it SmolLM2-135M-Instruct wrote no tool call in 16
+samples at T = 1; with it, one in eight (CPU probe, 2026-12-01), enough for RL to find the tool."""
 HOLD_OUT_EVERY = 8
 
 
@@ -56,7 +65,8 @@ def generate_tool_arithmetic(
                 break
         rows.append({
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT.format(a=a, b=b)}],
+            "prompt": [{"role": "system", "content": SYSTEM}, *EXAMPLE,
+                       {"role": "user", "content": PROMPT.format(a=a, b=b)}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(a * b)},
             "extra_info": {"split": split, "index": i, "tools_kwargs": {}},
