@@ -70,7 +70,8 @@ def load_config(
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(f"cannot resolve config key '{key}': {_first_line(e)}") from None
+        raise ConfigError(f"cannot resolve config key '{key}': {_first_line(e)}; set {key} to a value "
+                          f"({key}=...)") from None
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
     return obj
 

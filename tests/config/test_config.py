@@ -264,3 +264,11 @@ def test_rollout_engine_sizes_are_checked(override: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as e:
         validate_config(load_config(["data.max_prompt_length=64", "data.max_response_length=64", override]))
     assert fragment in str(e.value)
+
+
+def test_default_job_without_a_step_count_names_save_freq() -> None:
+    """The default job's ``trainer.save_freq`` is ``${trainer.total_training_steps}``: an epoch-based run
+    must set it, and the error says so."""
+    with pytest.raises(ConfigError, match=r"'trainer.save_freq'.*set trainer.save_freq to a value"):
+        load_config(["trainer.total_training_steps=null"], job="default")
+    assert load_config(["trainer.total_training_steps=null", "trainer.save_freq=-1"], job="default").trainer.save_freq == -1
