@@ -30,6 +30,8 @@ COMMON = [
     "actor_rollout_ref.actor.optim.lr=1e-3",
     "trainer.val_before_train=false",
     "trainer.logger=[file]",
+    # the default job saves only the policy's Hugging Face folder; these runs save checkpoints to resume from
+    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
 ]
 
 
@@ -57,8 +59,7 @@ def fsdp2_run(tmp_path_factory):
     return out, *two_process_run(out, "fsdp2")
 
 
-# xdist_group: under ``pytest -n``, the tests of fsdp2_run share one worker, so that it runs once
-@pytest.mark.parametrize("strategy", [pytest.param("fsdp2", marks=pytest.mark.xdist_group("fsdp2_run")), "fsdp"])
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
 def test_two_process_training_then_single_process_resume(request, tmp_path, strategy):
     if strategy == "fsdp2":
         tmp_path, res, rows = request.getfixturevalue("fsdp2_run")
@@ -97,7 +98,6 @@ def test_dynamic_sampling_limit_is_decided_by_all_ranks(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.xdist_group("fsdp2_run")
 def test_two_process_on_policy_skip_matches_the_recomputed_old_log_probs(fsdp2_run, tmp_path):
     """FSDP2 on two ranks: ``old_log_prob`` taken from the update's forward (the default here:
     ppo_mini_batch_size = train_batch_size; fsdp2_run) gives the first step's entropy and loss of
