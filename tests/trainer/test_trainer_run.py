@@ -92,7 +92,8 @@ RESUME_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/entropy", "response_
 
 def test_save_and_resume_reproduces_uninterrupted_run(tmp_path):
     # make the run depend on the weights: a larger lr, so a lost optimizer state or a wrong RNG shows
-    common = [*FAST, "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01"]
+    common = [*FAST, "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01",
+              "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]"]  # the default job: HF only
     a = run(tmp_path / "a", *common, "trainer.total_training_steps=3", "trainer.save_freq=-1")
     b_dir = tmp_path / "b"
     b1 = run(b_dir, *common, "trainer.total_training_steps=2", "trainer.save_freq=2")
