@@ -72,8 +72,6 @@ def launched(tmp_path_factory):
     return result
 
 
-# xdist_group: under ``pytest -n``, the cases share one worker, so that the launch runs once
-@pytest.mark.xdist_group("fsdp_engines")
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_step_matches_local_engine(case, references, launched):
     chunk = CASES[case].get("chunk", 0)

@@ -92,11 +92,6 @@ def launched(tmp_path_factory):
     return result
 
 
-def _group(world: int):
-    """Under ``pytest -n``, the cases of one launch share one worker, so that it runs once."""
-    return pytest.mark.xdist_group(f"megatron_world{world}")
-
-
 def _close_on_tokens(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, atol: float) -> bool:
     """Equal on the response tokens; what a forward leaves after a response's end is not defined
     (the padded forward computes it, the megatron engine's width-trimmed micro-batches do not)."""
@@ -128,7 +123,7 @@ def _check(r: dict, ref: dict) -> None:
     dc.close_states(local.state_dict()["model"], r["state"]["model"], atol=0)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_group(w)) for c, (w, _) in CASES.items()])
+@pytest.mark.parametrize("case", list(CASES))
 def test_one_step_matches_single_process(case, launched):
     world, opts = CASES[case]
     r = launched(world, case)
@@ -140,7 +135,6 @@ def test_one_step_matches_single_process(case, launched):
         assert 0.0 < em["parallel/pp_bubble"] < 1.0
 
 
-@_group(4)
 def test_value_model_matches_single_process(launched):
     """The critic's value head (replicated, fed by the sequence-parallel norm) through TP=2 x PP=2."""
     from rlforge.config import CriticConfig

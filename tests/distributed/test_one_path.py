@@ -19,7 +19,6 @@ import dist_common as dc  # noqa: E402
 
 MODE = "seq-mean-token-mean"
 OPTS = {"mode": MODE, "micro": 2, "steps": 2, "strategy": "fsdp2"}
-pytestmark = pytest.mark.xdist_group("one_path")  # under ``pytest -n``: one worker, one ``single`` run
 
 
 def _one_process(tmp: Path, **extra) -> dict:
