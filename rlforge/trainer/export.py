@@ -48,6 +48,12 @@ _NOT_A_CHECKPOINT = ("expected a global_step_N folder with actor/state.pt, or a 
                      f"(trainer.default_local_dir) with {TRACKER}")
 
 
+def _step_of(hf: Path) -> int:
+    """N of ``.../global_step_N/actor/huggingface`` (-1 when N is not a number)."""
+    n = hf.parent.parent.name.rsplit("_", 1)[-1]
+    return int(n) if n.isdigit() else -1
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint folder ``path`` names: a ``global_step_N`` folder, or a run folder whose
     tracker file names its latest checkpoint.
@@ -70,6 +76,12 @@ def find_checkpoint(path: str | Path) -> Path:
                               "pass one of the run's global_step_N folders instead")
     if (p / "trainer_state.pt").is_file():
         raise CheckpointError(f"{path}: this checkpoint has no actor/state.pt (the actor was not saved)")
+    exported = [p / _HF_EXPORT] if (p / _HF_EXPORT / "config.json").is_file() else sorted(
+        (f.parent for f in p.glob(f"global_step_*/{_HF_EXPORT}/config.json")), key=_step_of)
+    if exported:  # actor.checkpoint.save_contents=[hf_model] alone: the folder already is the model
+        hf = exported[-1]
+        raise CheckpointError(f"{path} holds only the policy's Hugging Face folder (save_contents=[hf_model]), "
+                              f"which needs no export: load {hf} as it is")
     raise CheckpointError(f"{path}: not an rlforge checkpoint ({_NOT_A_CHECKPOINT})")
 
 

@@ -135,6 +135,9 @@ def test_default_job_saves_the_trained_policy_as_a_hugging_face_folder(tmp_path,
     assert (hf / "model.safetensors").is_file() and (hf / "tokenizer.json").is_file()
     assert sorted(p.name for p in (tmp_path / "global_step_1").iterdir()) == ["actor", "config.yaml"]
     assert not (tmp_path / "latest_checkpointed_iteration.txt").exists()  # nothing to resume from
+    for folder in (tmp_path, tmp_path / "global_step_1"):  # `rlforge export` of it: one error naming the folder
+        assert main(["export", str(folder), "--out", str(tmp_path / "x")]) == 2
+        assert f"needs no export: load {hf} as it is" in _one_error(capsys)
 
     trained = AutoModelForCausalLM.from_pretrained(hf).state_dict()
     optim = load_config(run, job="default").actor_rollout_ref.actor.optim
