@@ -1,8 +1,11 @@
-"""The ``rlforge`` command line as a user runs it (a subprocess): user mistakes exit with
-status 2 and one message naming the key, file or row, never a traceback."""
+"""The ``rlforge`` command line: user mistakes exit with status 2 and one message naming the key,
+file or row, never a traceback.  The entry points run as a user runs them (a subprocess: ``cli``);
+the other mistakes go through the same ``main`` in this process (``in_process``: no interpreter
+start and imports, ~7 s of CPU each)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -26,22 +29,33 @@ def cli(*args: str, module: str = "rlforge.cli", cwd: Path | None = None) -> sub
                           timeout=120, cwd=cwd)
 
 
+def in_process(capfd, *args: str, module: str = "rlforge.cli") -> subprocess.CompletedProcess:
+    """``module``'s ``main(args)`` in this process: its status and what it printed (the same fields
+    as :func:`cli`'s; an exception escaping ``main``, which a user would see as a traceback, fails the test)."""
+    main = importlib.import_module(module).main
+    capfd.readouterr()
+    status = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(list(args), status, out, err)
+
+
 def test_unknown_key_suggests_closest():
     user_error(cli("train", "trainer.total_training_step=2"),
                "'trainer.total_training_step'", "'trainer.total_training_steps'")
 
 
-def test_wrong_type_names_key_and_value():
-    user_error(cli("train", "trainer.total_training_steps=abc"), "trainer.total_training_steps", "abc", "int")
+def test_wrong_type_names_key_and_value(capfd):
+    user_error(in_process(capfd, "train", "trainer.total_training_steps=abc"), "trainer.total_training_steps", "abc",
+               "int")
 
 
-def test_batch_size_that_does_not_divide():
-    user_error(cli("train", "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2"),
+def test_batch_size_that_does_not_divide(capfd):
+    user_error(in_process(capfd, "train", "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2"),
                "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
 
 
-def test_missing_data_file():
-    user_error(cli("train", *TINY, *ONE, "data.train_files=/nonexistent.parquet"), "/nonexistent.parquet")
+def test_missing_data_file(capfd):
+    user_error(in_process(capfd, "train", *TINY, *ONE, "data.train_files=/nonexistent.parquet"), "/nonexistent.parquet")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -54,26 +68,26 @@ def _row(content: str) -> dict:
             "reward_model": {"ground_truth": "1"}}
 
 
-def test_data_rows(tmp_path):
+def test_data_rows(tmp_path, capfd):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [_row("hi"), _row("ho"), {"data_source": "x"}])
-    user_error(cli("train", *TINY, *ONE, f"data.train_files={bad}"), bad, "row 2", "prompt")
+    user_error(in_process(capfd, "train", *TINY, *ONE, f"data.train_files={bad}"), bad, "row 2", "prompt")
 
 
-def test_prompt_longer_than_max_prompt_length(tmp_path):
+def test_prompt_longer_than_max_prompt_length(tmp_path, capfd):
     long = _write_jsonl(tmp_path / "long.jsonl", [_row("short"), _row("a rather long prompt " * 10)])
-    user_error(cli("train", *TINY, *ONE, f"data.train_files={long}", "data.max_prompt_length=40",
-                   "data.truncation=error"), long, "row 1", "data.max_prompt_length=40")
+    user_error(in_process(capfd, "train", *TINY, *ONE, f"data.train_files={long}", "data.max_prompt_length=40",
+                          "data.truncation=error"), long, "row 1", "data.max_prompt_length=40")
 
 
-def test_model_path_missing(tmp_path):
+def test_model_path_missing(tmp_path, capfd):
     missing = str(tmp_path / "no_model")
-    user_error(cli("train", *ONE, f"actor_rollout_ref.model.path={missing}"),
+    user_error(in_process(capfd, "train", *ONE, f"actor_rollout_ref.model.path={missing}"),
                "actor_rollout_ref.model.path", missing)
 
 
-def test_custom_reward_file_missing(tmp_path):
+def test_custom_reward_file_missing(tmp_path, capfd):
     missing = str(tmp_path / "nope.py")
-    user_error(cli("train", *TINY, *ONE, f"custom_reward_function.path={missing}"),
+    user_error(in_process(capfd, "train", *TINY, *ONE, f"custom_reward_function.path={missing}"),
                "custom_reward_function.path", missing)
 
 
@@ -103,9 +117,9 @@ def test_main_ppo_print_config_starts_from_verl_defaults():
     assert "train_batch_size: 1024" in res.stdout
 
 
-def test_main_ppo_takes_verl_overrides():
-    res = cli("--print-config", "critic.model.path=preset:tiny", "data.train_batch_size=2048",
-              module="rlforge.trainer.main_ppo")
+def test_main_ppo_takes_verl_overrides(capfd):
+    res = in_process(capfd, "--print-config", "critic.model.path=preset:tiny", "data.train_batch_size=2048",
+                     module="rlforge.trainer.main_ppo")
     assert res.returncode == 0, res.stderr
     assert "adv_estimator: gae" in res.stdout
     assert "train_batch_size: 2048" in res.stdout
@@ -129,6 +143,6 @@ def test_data_gsm8k_writes_both_splits(tmp_path):
         assert {"prompt", "data_source", "reward_model"} <= set(table.column_names)
 
 
-def test_data_gsm8k_missing_src(tmp_path):
+def test_data_gsm8k_missing_src(tmp_path, capfd):
     missing = str(tmp_path / "nowhere")
-    user_error(cli("data", "gsm8k", "--src", missing, "--out", str(tmp_path / "out")), missing)
+    user_error(in_process(capfd, "data", "gsm8k", "--src", missing, "--out", str(tmp_path / "out")), missing)
