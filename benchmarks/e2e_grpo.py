@@ -108,12 +108,14 @@ TRL_VARIANTS: dict[str, dict[str, Any]] = {
     "trl-cb": {"use_transformers_continuous_batching": True},
     "trl-nockpt": {"gradient_checkpointing": False},
     "trl-liger": {"use_liger_kernel": True},
+    "trl-fast": {"gradient_checkpointing": False, "use_liger_kernel": True},
 }
 """TRL setups (``--trl-variants``), as ``GRPOConfig`` fields over the common ones of :func:`trl_worker`:
 ``trl`` plain ``generate`` with gradient checkpointing (the script's setup since it was written);
 ``trl-cb`` transformers' continuous batching for generation (TRL's non-vLLM fast path,
 ``use_transformers_continuous_batching=True``); ``trl-nockpt`` without gradient checkpointing;
-``trl-liger`` with transformers' ``use_liger_kernel`` (needs liger-kernel)."""
+``trl-liger`` with transformers' ``use_liger_kernel`` (needs liger-kernel; TRL then computes the GRPO
+loss with liger's chunked fused-linear GRPO loss); ``trl-fast`` both of the last two."""
 
 
 @dataclass(frozen=True)

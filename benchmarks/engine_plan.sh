@@ -7,7 +7,9 @@
 #
 # Steps (each with its own time limit): tests (CUDA engine + rollout tests), train (train_throughput
 # rows on 1.5B and 0.5B), offload (1.5B: checkpointing with and without activation offload), offprof (profile of checkpointing + activation offload on 1.5B), e7b (7B GRPO,
-# 3 measured steps, rlforge), e2e (e2e_grpo 0.5B and 1.5B, rlforge beside TRL, 5 measured steps).
+# 3 measured steps, rlforge), e2e (e2e_grpo 0.5B and 1.5B, rlforge beside TRL, 5 measured steps; E2E_MODELS,
+# E2E_ARGS), head (Triton LM-head chunk kernels: CUDA tests, head_bench.py), tph (train_throughput rows with
+# torch vs Triton head chunks), mtkv (multi_turn_kv.py), lora05 (0.5B LoRA e2e row; LORA_ARGS).
 # Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
 set -u
 P=/tmp/eplan
@@ -69,6 +71,26 @@ step_prof05l() {  # profile of the 0.5B update with liger + no reshard, 64k budg
   timeout -k 10 120 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 1 \
     --seqs 256 --budget 65536 --rows fsdp2-dyn-nrs-liger --profile > "$P/prof05l.txt" 2>&1
 }
+step_head() {  # Triton chunk kernels of the LM head: CUDA tests (+ split-KV, engine), then the head micro-benchmark
+  timeout -k 5 360 python3 -m pytest -q -p no:cacheprovider tests/roles/test_fused_head_cuda.py \
+    tests/rollout/test_split_kv_cuda.py tests/engine/test_engine_cuda.py > "$P/head_tests.txt" 2>&1
+  timeout -k 5 150 python3 benchmarks/head_bench.py > "$P/head_bench.txt" 2>&1
+}
+step_tph() {  # the update with torch vs Triton head chunks: 0.5B (256 seqs, 64k budget) and 1.5B (64 seqs)
+  timeout -k 10 300 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
+    --seqs 256 --budget 65536 \
+    --rows fsdp2-dyn-nrs-torchhead,fsdp2-dyn-nrs,fsdp2-dyn-nrs-liger-torchhead,fsdp2-dyn-nrs-liger > "$P/tph05.txt" 2>&1
+  timeout -k 10 240 python3 "$TT" --model qwen2.5-1.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
+    --rows fsdp2-dyn-torchhead,fsdp2-dyn,fsdp2-dyn-nrs-liger > "$P/tph15.txt" 2>&1
+}
+step_mtkv() {  # issue 18: multi-turn rollout, KV reuse vs re-prefill, 0.5B
+  timeout -k 5 300 python3 benchmarks/multi_turn_kv.py --tokenizer "$REPO/.tok" --json "$P/mtkv.json" \
+    > "$P/mtkv.txt" 2>&1
+}
+step_lora05() {  # issue 19: 0.5B LoRA rank 64 e2e row (rlforge only), same settings as E2E_ARGS' rlforge side
+  timeout -k 10 500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \
+    --steps 5 --warmup 1 --reps 1 --out "$P/lora05" ${LORA_ARGS:-} > "$P/lora05.txt" 2>&1
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" ${E2E_ARGS:-} > "$P/e2e.txt" 2>&1
@@ -94,7 +116,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac

@@ -32,7 +32,9 @@ Rows (``--rows``):
   (``actor.use_torch_compile``), ``optoff`` optimizer offload (``fsdp_config.optimizer_offload``,
   fsdp2 rows), ``nopf`` FSDP2 without explicit prefetch, ``nrs`` FSDP2 with
   ``fsdp_config.reshard_after_forward=false``, ``liger`` liger-kernel's RMSNorm/SwiGLU/RoPE
-  (``model.use_liger``; its RoPE patch is process-wide, so put ``liger`` rows last).
+  (``model.use_liger``; its RoPE patch is process-wide, so put ``liger`` rows last), ``torchhead``
+  the chunked head's plain-torch chunks (``fused_kernel_options.impl_backend=torch``; the other rows
+  run its default, the Triton chunk kernels on CUDA).
   e.g. ``fsdp2-dyn-ckpt-compile``.
 
 Log-prob implementation (``--head``, each row runs once per entry, side by side):
@@ -66,6 +68,7 @@ from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, init_dist
 from rlforge.models import load_causal_lm, load_tokenizer
 from rlforge.perf.flops import device_peak_flops, train_flops
 from rlforge.roles.actor import Actor
+from rlforge.roles.fused_head import set_impl_backend
 from rlforge.rollout.base import assemble
 
 PROMPT_LEN = 128
@@ -172,6 +175,7 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     module = copy.deepcopy(base_model)
     if remove_padding and args.attn:
         set_attention(module, args.attn)
+    set_impl_backend("torch" if "torchhead" in parts else "triton")
     if "liger" in parts:
         from rlforge.engine.liger import apply_liger
 

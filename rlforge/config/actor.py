@@ -21,9 +21,11 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 class FusedKernelOptions:
     """Options of the fused log-prob/entropy head (``actor_rollout_ref.model.fused_kernel_options``)."""
 
-    impl_backend: str = "torch"
-    """Implementation: ``torch`` (plain-torch chunks, :mod:`rlforge.roles.fused_head`); verl's
-    ``triton`` is accepted and runs as ``torch``."""
+    impl_backend: str = "triton"
+    """Implementation of each chunk's softmax statistics and logit gradient: ``triton`` (one Triton kernel
+    each, :mod:`rlforge.roles.triton_head`, where the logits are on CUDA and Triton imports; the torch
+    chunks elsewhere) or ``torch`` (plain-torch chunks, :mod:`rlforge.roles.fused_head`).  verl's keys
+    and values; verl's default is ``torch``.  One setting for the actor and the reference."""
     chunk_size: int = 2048
     """Response positions (tokens) per chunk; >= 1.  Not a verl key.  Extra memory while the
     head runs is about 3 x chunk_size x vocab_size x 4 bytes (2048 x 151,936: ~3.7 GB); larger

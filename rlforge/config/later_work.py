@@ -232,8 +232,6 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork("reward_model.enable", lambda v: v is True,
               "{key}=True: a reward model is not available in this build; scores come from the rule scorers or "
               "custom_reward_function; ignored"),
-    LaterWork(f"{_ARR}.model.fused_kernel_options.impl_backend", lambda v: v == "triton",
-              "{key}={value}: this build has only the plain-torch chunked head; using torch"),
     *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),
     *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.actor.strategy"),  # the reference runs on the actor's engine
     *_megatron_rows("critic.megatron", "critic.strategy"),

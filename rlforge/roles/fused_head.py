@@ -44,6 +44,13 @@ turns the root's parameters back into flat shards after forward, so it cannot be
 (``TrainEngine.head_readable_after_forward`` is False; the trainer falls back to the full
 logits).  A sharded weight raises instead of computing something wrong.
 
+Backends (``fused_kernel_options.impl_backend``, one setting per process, :func:`set_impl_backend`):
+``triton`` (the default) runs each chunk's statistics and logit gradient as one Triton kernel each
+(:mod:`rlforge.roles.triton_head`: one read of the chunk's logits in forward, one read and one write in
+backward, in the compute dtype) where the logits are on CUDA, in bf16, fp16 or fp32, and Triton imports;
+the plain-torch chunks above everywhere else (the CPU, float64 models) and with ``impl_backend=torch``.
+Both use the same formulas, with float32 statistics; they agree to float32 rounding.
+
 Source: the same computation as verl's ``FusedLinearForPPO`` (torch backend,
 ``verl/utils/experimental/torch_functional.py``) and Liger's fused linear cross-entropy, in
 plain torch.  Deviation: verl patches the model's ``forward``; rlforge calls the model's own
@@ -52,6 +59,7 @@ forward and selects only the response positions before the head.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -64,6 +72,44 @@ from rlforge.models.log_z import PolicyWithLogZ
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 """``config.model_type`` values whose logits are exactly ``lm_head(final hidden state)`` (no
 soft-capping or logit scaling), so the chunked head reproduces them."""
+
+
+IMPL_BACKENDS = ("torch", "triton")
+_impl_backend = "triton"
+
+
+def set_impl_backend(name: str) -> None:
+    """Choose the chunk kernels for this process (``actor_rollout_ref.model.fused_kernel_options.impl_backend``).
+
+    Raises:
+        ValueError: ``name`` not in :data:`IMPL_BACKENDS`.
+    """
+    global _impl_backend
+    if name not in IMPL_BACKENDS:
+        raise ValueError(f"actor_rollout_ref.model.fused_kernel_options.impl_backend={name!r}: "
+                         f"must be one of {', '.join(IMPL_BACKENDS)}")
+    _impl_backend = name
+
+
+def impl_backend() -> str:
+    """The backend :func:`set_impl_backend` chose (``triton`` unless told otherwise)."""
+    return _impl_backend
+
+
+@functools.cache
+def _triton_head() -> Any:
+    try:
+        from rlforge.roles import triton_head
+    except ImportError:  # no Triton (a CPU-only torch)
+        return None
+    return triton_head
+
+
+def _triton_for(t: torch.Tensor, backend: str) -> Any:
+    """The Triton kernels' module when ``backend`` is ``triton`` and ``t`` (the chunk inputs) qualifies, else None."""
+    if backend != "triton" or not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None
+    return _triton_head()
 
 
 def _lm(module: nn.Module) -> nn.Module:
@@ -161,7 +207,8 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):  # noqa: ANN001, ANN205
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy,  # noqa: ANN001, ANN205
+                backend="torch"):
         cdt = _compute_dtype(hidden, weight)
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(cdt), weight.to(cdt)
@@ -170,8 +217,18 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
             f32 = dict(dtype=_stats_dtype(cdt), device=h.device)
             logp, lse = torch.empty(m, **f32), torch.empty(m, **f32)
             ent = torch.empty(m if with_entropy else 0, **f32)
+            tk = _triton_for(h, backend)
             for s in range(0, m, chunk_size):
                 e = min(m, s + chunk_size)
+                if tk is not None:
+                    z = torch.mm(h[s:e], w.t()) if b is None else torch.addmm(b, h[s:e], w.t())
+                    lse_c, zy, ent_c = tk.row_stats(z, targets[s:e], temperature, with_entropy)
+                    logp[s:e] = zy - lse_c
+                    lse[s:e] = lse_c
+                    if with_entropy:
+                        ent[s:e] = ent_c
+                    del z
+                    continue
                 z = _chunk_logits(h[s:e], w, b, temperature)
                 lse_c = torch.logsumexp(z, dim=-1)
                 logp[s:e] = z.gather(1, targets[s:e, None])[:, 0] - lse_c
@@ -182,6 +239,7 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         ctx.save_for_backward(h, w, b, targets, lse, ent)
         ctx.set_materialize_grads(False)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        ctx.triton = tk is not None
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
@@ -192,7 +250,7 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         h, w, b, targets, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if g_logp is None and g_ent is None:
-            return (None,) * 7
+            return (None,) * 8
         m, T = h.shape[0], ctx.temperature
         if g_logp is None:
             g_logp = torch.zeros_like(lse)
@@ -203,13 +261,22 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         grad_w = torch.zeros(w.shape, **acc) if need_w else None
         grad_b = torch.zeros(w.shape[0], **acc) if need_b and b is not None else None
         with torch.autocast(h.device.type, enabled=False):
+            tk = _triton_head() if ctx.triton else None
             for s in range(0, m, ctx.chunk_size):
                 e = min(m, s + ctx.chunk_size)
-                z = _chunk_logits(h[s:e], w, b, T)
-                gz = _logit_grad(z, lse[s:e], ent[s:e] if g_ent is not None else None, targets[s:e],
-                                 g_logp[s:e], g_ent[s:e] if g_ent is not None else None, T)
-                if grad_b is not None:
-                    grad_b += gz.sum(0)
+                with_ent = g_ent is not None
+                if tk is not None:
+                    z = torch.mm(h[s:e], w.t()) if b is None else torch.addmm(b, h[s:e], w.t())
+                    gz = tk.logit_grad_(z, targets[s:e], lse[s:e], g_logp[s:e], T,
+                                        ent[s:e] if with_ent else None, g_ent[s:e] if with_ent else None)
+                    if grad_b is not None:
+                        grad_b += gz.sum(0, dtype=grad_b.dtype)
+                else:
+                    z = _chunk_logits(h[s:e], w, b, T)
+                    gz = _logit_grad(z, lse[s:e], ent[s:e] if with_ent else None, targets[s:e],
+                                     g_logp[s:e], g_ent[s:e] if with_ent else None, T)
+                    if grad_b is not None:
+                        grad_b += gz.sum(0)
                 gz = gz.to(h.dtype)
                 if grad_h is not None:
                     torch.mm(gz, w, out=grad_h[s:e])
@@ -219,7 +286,7 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         h_dt, w_dt, b_dt = ctx.dtypes
         return (grad_h.to(h_dt) if grad_h is not None else None,
                 grad_w.to(w_dt) if grad_w is not None else None,
-                grad_b.to(b_dt) if grad_b is not None else None, None, None, None, None)
+                grad_b.to(b_dt) if grad_b is not None else None, None, None, None, None, None)
 
 
 def head_log_probs(module: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -248,7 +315,8 @@ def head_log_probs(module: nn.Module, hidden: torch.Tensor, targets: torch.Tenso
                            "(a sharded DTensor, or FSDP1's flat shard): the engine must keep the root unit unsharded "
                            "until backward (TrainEngine.head_readable_after_forward); or set use_fused_kernels=false")
     t = float(temperature) if temperature and temperature > 0 else 1.0
-    logp, ent = ChunkedLinearLogProbs.apply(hidden, weight, bias, targets, t, int(chunk_size), with_entropy)
+    logp, ent = ChunkedLinearLogProbs.apply(hidden, weight, bias, targets, t, int(chunk_size), with_entropy,
+                                            _impl_backend)
     return logp, (ent if with_entropy else None)
 
 

@@ -37,7 +37,7 @@ from rlforge.models.lora import (
 from rlforge.rewards import RewardManager, build_reward_manager
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
-from rlforge.roles.fused_head import fused_head_unsupported
+from rlforge.roles.fused_head import fused_head_unsupported, set_impl_backend
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.rollout.multi_turn.setup import maybe_multi_turn
 from rlforge.trainer import spmd
@@ -197,6 +197,7 @@ def head_chunk_size(use_fused_kernels: bool, model_cfg: Any, module: torch.nn.Mo
     if reason is not None:
         warnings.warn(f"{key}=true but {reason}; using the model's full logits", stacklevel=2)
         return 0
+    set_impl_backend(model_cfg.fused_kernel_options.impl_backend)
     return int(model_cfg.fused_kernel_options.chunk_size)
 
 

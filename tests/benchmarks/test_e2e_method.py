@@ -58,4 +58,4 @@ def test_unknown_trl_variant_is_one_error(capsys) -> None:
         sys.argv = sys_argv
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("--trl-variants: unknown ['fast']; valid: trl, trl-cb, trl-nockpt, trl-liger")
+    assert err[-1].endswith("--trl-variants: unknown ['fast']; valid: trl, trl-cb, trl-nockpt, trl-liger, trl-fast")

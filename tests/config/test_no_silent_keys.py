@@ -173,7 +173,7 @@ def set_key(cfg: Any, dotted: str, value: Any) -> None:
 
 PROBES: dict[str, Any] = {
     "actor_rollout_ref.rollout.multi_turn": {"enable": True},  # verl runs single-turn unless `enable`
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "triton",  # the one other valid value
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",  # the one other valid value
 }
 """Non-default values for keys where the generic :func:`probe_value` would not be one a user sets."""
 

@@ -100,7 +100,10 @@ def test_split_kernel_in_a_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = paged_decode_attention(q, kc, vc, bt, ctx, scale, num_splits=8)
-    for lens in ([4000, 17, 2048, 1], [33, 4032, 0, 1500]):
+    # the block tables hold 251 pages x 16 = 4016 tokens a row; the new lengths must fit them
+    # (4032 did not: the kernel then read the next row's pages, which plain attention cannot see)
+    for lens in ([4000, 17, 2048, 1], [33, 4016, 0, 1500]):
+        assert max(lens) <= bt.shape[1] * kc.shape[1]
         ctx.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
