@@ -108,6 +108,7 @@ def row_stats(z: torch.Tensor, targets: torch.Tensor, temperature: float,
         ValueError: ``z`` not a row-contiguous 2-D CUDA tensor, or ``targets`` of another length.
     """
     _check(z, targets)
+    targets = targets.contiguous()
     rows, vocab = z.shape
     f32 = dict(dtype=torch.float32, device=z.device)
     lse, zy = torch.empty(rows, **f32), torch.empty(rows, **f32)
@@ -133,6 +134,7 @@ def logit_grad_(z: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g_log
     _check(z, targets)
     if (ent is None) != (g_ent is None):
         raise ValueError("logit_grad_: pass both ent and g_ent, or neither")
+    targets = targets.contiguous()
     rows, vocab = z.shape
     with_ent = ent is not None
     if rows:
