@@ -29,6 +29,8 @@ COMBINE = ("override", "sum")
 
 
 class ModelScorer(Protocol):
+    """``scorer(batch, prompts, responses)``; ``scorer.model`` is the reward model or judge."""
+
     def __call__(self, batch: Batch, prompts: list[Any], responses: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
         """``(B,)`` float32 scores and metrics of one batch."""
 
@@ -115,6 +117,7 @@ def rm_scorer(rm: Any, retokenize: bool = True) -> ModelScorer:
     def score(batch: Batch, prompts: list[Any], responses: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
         return (rm.score(prompts, responses) if retokenize else rm.score_ids(_policy_ids(batch))), {}
 
+    score.model = rm  # type: ignore[attr-defined]
     return score
 
 
@@ -126,6 +129,7 @@ def judge_scorer(judge: Any) -> ModelScorer:
         gts: Sequence[Any] = batch.non_tensor.get("ground_truth", [None] * len(responses))
         return judge.score([prompt_text(p) for p in prompts], responses, list(gts))
 
+    score.model = judge  # type: ignore[attr-defined]
     return score
 
 

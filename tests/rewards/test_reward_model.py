@@ -13,7 +13,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 import rlforge.config
 from rlforge.errors import ModelError, RewardError
 from rlforge.rewards import RewardManager
-from rlforge.rewards.model_reward import ModelScoredRewards, build_model_scorer, reward_metrics, with_model_reward
+from rlforge.rewards.model_reward import (
+    ModelScoredRewards,
+    build_model_scorer,
+    reward_metrics,
+    with_model_reward,
+)
 from rlforge.rewards.reward_model import load_sequence_rm
 from rlforge.rollout.base import assemble
 
