@@ -118,11 +118,13 @@ class SequenceRewardModel:
         """Weights to host memory (a no-op on CPU)."""
         if self.device.type != "cpu":
             self.model.to("cpu")
-            torch.cuda.empty_cache() if self.device.type == "cuda" else None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        """Weights to ``device``."""
-        self.model.to(self.device)
+        """Weights to ``device`` (a no-op on CPU)."""
+        if self.device.type != "cpu":
+            self.model.to(self.device)
 
     def render(self, prompts: Sequence[Any], responses: Sequence[str]) -> list[list[int]]:
         """Token ids of each chat: ``prompts[i]`` (a list of ``{"role", "content"}`` messages, or a string:
