@@ -188,3 +188,18 @@ def test_vocabulary_mismatch_is_one_error(tmp_path, tiny_tokenizer) -> None:
     with pytest.raises(ModelError, match="vocabulary does not match") as info:
         build_model_scorer(_cfg(folder), torch.device("cpu"))
     assert str(folder) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_causal_lm_folder_through_rlforge_train_is_one_line(tmp_path, tiny_tokenizer, capsys) -> None:
+    from helpers import FAST, SMALL
+
+    from rlforge.cli import main
+
+    folder = tmp_path / "causal"
+    LlamaForCausalLM(_tiny_config(len(tiny_tokenizer), tiny_tokenizer.pad_token_id)).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    capsys.readouterr()  # the save's progress bar
+    rc = main(["train", *SMALL, *FAST, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'o'}",
+               "reward_model.enable=true", f"reward_model.model.path={folder}"])
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+    assert rc == 2 and len(err) == 1 and str(folder) in err[0] and "ForSequenceClassification" in err[0], err
