@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from rlforge.rewards.reward_model import SequenceRewardModel
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 class _Tok:

@@ -63,6 +63,7 @@ def _flat(line: dict) -> dict:
     return line.get("metrics", line) if isinstance(line.get("metrics"), dict) else line
 
 
+@pytest.mark.slow  # two one-step runs, ~35 s on 2 cores
 def test_reward_model_and_judge_in_a_step_and_their_keys(tmp_path, rm_folder) -> None:
     rm_line, rm_reads = _train(tmp_path / "rm", "reward_model.enable=true", f"reward_model.model.path={rm_folder}",
                                "reward_model.micro_batch_size_per_gpu=3")
