@@ -215,6 +215,15 @@ def _reward_model_rows() -> list[LaterWork]:
                   "only null (the reward model reads the policy's ids) changes what happens; ignored",
                   lambda c: (c.reward_model.enable, c.reward_model.model.input_tokenizer,
                              c.actor_rollout_ref.model.path)),
+        # combine=override (verl): the rule / custom function and its overlong penalty are not called
+        LaterWork("custom_reward_function.path", lambda v: v[0] and v[1] == "override" and v[2] is not None,
+                  "{key}={value[2]}: with a reward model or judge and reward_model.combine=override (verl's "
+                  "behaviour) the model score replaces the function's; set reward_model.combine=sum to add them",
+                  lambda c: (_model_reward_on(c), c.reward_model.combine, c.custom_reward_function.path)),
+        LaterWork("reward_model.overlong_buffer.enable", lambda v: v[0] and v[1] == "override" and v[2] is True,
+                  "{key}=True: with a reward model or judge and reward_model.combine=override (verl's behaviour) "
+                  "the model score is used as it is, without the overlong penalty; set reward_model.combine=sum",
+                  lambda c: (_model_reward_on(c), c.reward_model.combine, c.reward_model.overlong_buffer.enable)),
     ]
     default = _default(RewardModelModelConfig, "fsdp_config")
     for name in ("wrap_policy.min_num_params", *(f.name for f in dataclasses.fields(FSDPConfig)

@@ -15,7 +15,9 @@ class RewardModelModelConfig:
     """The reward model network (``reward_model.model``)."""
 
     input_tokenizer: str | None = II("actor_rollout_ref.model.path")
-    """Tokenizer of the policy, used to decode responses before re-tokenizing for the RM; None = same as RM."""
+    """Tokenizer of the policy, used to decode responses before re-tokenizing for the RM (rlforge decodes with
+    ``actor_rollout_ref.model``'s tokenizer, so only null matters); None = the RM shares the policy's tokenizer
+    and reads the policy's prompt + response ids as they are (no chat-template switch)."""
     path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
     """Reward model location (verl's default)."""
     external_lib: str | None = II("actor_rollout_ref.model.external_lib")
