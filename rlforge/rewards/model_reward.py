@@ -70,7 +70,9 @@ class ModelScoredRewards:
         self.combine = combine
         self._metrics: dict[str, float] = {}
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the manager's other attributes (tokenizer, decode, ...)
+        if name == "manager":
+            raise AttributeError(name)
         return getattr(self.manager, name)
 
     def score(self, batch: Batch) -> RewardOutput:
@@ -87,11 +89,14 @@ class ModelScoredRewards:
         token_level = torch.zeros(responses.shape, dtype=torch.float32)
         if responses.shape[-1]:
             token_level[torch.arange(len(decoded)), last_valid_index(mask.cpu())] = scores
-        self._metrics = {**metrics, "reward/model_score/mean": float(model_scores.mean()) if len(decoded) else 0.0}
+        own = {**metrics, "reward/model_score/mean": float(model_scores.mean()) if len(decoded) else 0.0}
+        # the manager's own metrics of this call (combine=sum), if it reports any
+        self._metrics = {**(reward_metrics(self.manager) if self.combine == "sum" else {}), **own}
         return RewardOutput(token_level.to(responses.device), scores, extra, extra_text, decoded)
 
     def metrics(self) -> dict[str, float]:
-        """Metrics of the last :meth:`score` call (``reward/model_score/mean``; the judge's parse failures)."""
+        """Metrics of the last :meth:`score` call: ``reward/model_score/mean``, the judge's parse failures, and
+        with ``combine=sum`` those the manager reports (its ``metrics()``, if it has one)."""
         return dict(self._metrics)
 
 
@@ -133,18 +138,17 @@ def judge_scorer(judge: Any) -> ModelScorer:
     return score
 
 
-def build_model_scorer(cfg: Any, device: torch.device, seed: int = 0) -> ModelScorer | None:
+def build_model_scorer(cfg: Any, device: torch.device, seed: int = 0,
+                       dtype: torch.dtype | None = None) -> ModelScorer | None:
     """The scorer that ``reward_model.enable`` (reward model) or ``reward_model.judge.enable`` (judge)
-    asks for, loaded onto the CPU (it is moved to ``device`` while scoring); None when neither.
+    asks for, loaded onto the CPU (it is moved to ``device`` while scoring) in ``dtype`` (the compute
+    dtype: bfloat16 on CUDA; None = float32); ``seed`` initialises ``preset:`` weights. None when neither.
 
     Raises:
         ModelError: a reward model / judge path that cannot be loaded or is not a reward model.
         ConfigError: a bad judge template, regex or range.
     """
-    from rlforge.trainer.build import autocast_dtype
-
     rm_cfg = cfg.reward_model
-    dtype = autocast_dtype(torch.device(device))
     if rm_cfg.enable:
         from rlforge.rewards.reward_model import SequenceRewardModel, load_sequence_rm
 
@@ -175,8 +179,10 @@ def build_model_scorer(cfg: Any, device: torch.device, seed: int = 0) -> ModelSc
     return None
 
 
-def with_model_reward(manager: Any, cfg: Any, device: torch.device, seed: int = 0) -> Any:
+def with_model_reward(manager: Any, cfg: Any, device: torch.device, seed: int = 0,
+                      dtype: torch.dtype | None = None) -> Any:
     """``manager`` wrapped in :class:`ModelScoredRewards` when a reward model or judge is enabled, else
-    ``manager`` itself.  The trainer's only entry point to model scores."""
-    scorer = build_model_scorer(cfg, device, seed)
+    ``manager`` itself (arguments as :func:`build_model_scorer`).  The trainer's only entry point to model
+    scores."""
+    scorer = build_model_scorer(cfg, device, seed, dtype)
     return manager if scorer is None else ModelScoredRewards(manager, scorer, str(cfg.reward_model.combine))
