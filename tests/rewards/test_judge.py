@@ -119,3 +119,21 @@ def test_template_without_response_through_the_cli(capsys) -> None:
                "reward_model.judge.prompt_template=Rate {prompt}", "trainer.device=cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "reward_model.judge.prompt_template" in err[0], err
+
+
+def test_manager_metrics_pass_through_under_sum(tiny_tokenizer) -> None:
+    """A manager that reports metrics (``metrics()``) keeps them under combine=sum; override does not call it."""
+
+    class Counting(RewardManager):
+        def metrics(self) -> dict[str, float]:
+            return {"reward/timeouts": 2.0}
+
+    judge = LLMJudge(tiny_tokenizer, lambda ids: ["Score: 1"] * len(ids), "{response}", ScoreParser(None, 0, 10))
+    from rlforge.rewards.model_reward import ModelScoredRewards
+
+    for combine, expected in (("sum", {"reward/timeouts": 2.0}), ("override", {})):
+        reward = ModelScoredRewards(Counting(tiny_tokenizer), judge_scorer(judge), combine)
+        reward.score(_batch(tiny_tokenizer, 2))
+        m = reward_metrics(reward)
+        assert {k: v for k, v in m.items() if k == "reward/timeouts"} == expected, (combine, m)
+        assert m["reward/judge_parse_failures"] == 0.0
