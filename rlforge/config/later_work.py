@@ -183,6 +183,56 @@ def _native_only_rows(node: str) -> list[LaterWork]:
 
 
 _ARR = "actor_rollout_ref"
+
+
+def _model_reward_on(c: Any) -> bool:
+    return bool(c.reward_model.enable or c.reward_model.judge.enable)
+
+
+def _reward_model_rows() -> list[LaterWork]:
+    """Keys of ``reward_model`` that the reward model (a plain forward-only module per process,
+    :mod:`rlforge.rewards.reward_model`) does not read: warned while a reward model or judge is on."""
+    from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
+
+    def on(key: str, matters: Callable[[Any], bool], why: str) -> LaterWork:
+        return LaterWork(key, lambda v: v[0] and matters(v[1]), "{key}={value[1]}: " + why + "; ignored",
+                         lambda c, k=key: (_model_reward_on(c), get_key(c, k)))
+
+    plain = "the reward model runs as one plain forward-only module per process"
+    rows = [
+        on("reward_model.strategy", lambda v, d=_default(RewardModelConfig, "strategy"): v != d, plain),
+        on("reward_model.ulysses_sequence_parallel_size", lambda v: v > 1, plain),
+        on("reward_model.model.use_shm", lambda v: v is True, "the reward model is read from its files"),
+        on("reward_model.model.use_remove_padding", lambda v: v is True, plain + " on padded rows"),
+        on("reward_model.model.external_lib", lambda v: v is not None,
+           "only architectures that transformers ships load"),
+        LaterWork("reward_model.model.use_fused_kernels", lambda v: v[0] and v[1] != v[2],
+                  "{key}={value[1]}: the reward model has no LM head to fuse; ignored",
+                  lambda c: (_model_reward_on(c), c.reward_model.model.use_fused_kernels,
+                             c.actor_rollout_ref.model.use_fused_kernels)),
+        LaterWork("reward_model.model.input_tokenizer", lambda v: v[0] and v[1] is not None and v[1] != v[2],
+                  "{key}={value[1]}: responses are decoded with the policy's tokenizer (actor_rollout_ref.model); "
+                  "only null (the reward model reads the policy's ids) changes what happens; ignored",
+                  lambda c: (c.reward_model.enable, c.reward_model.model.input_tokenizer,
+                             c.actor_rollout_ref.model.path)),
+        # combine=override (verl): the rule / custom function and its overlong penalty are not called
+        LaterWork("custom_reward_function.path", lambda v: v[0] and v[1] == "override" and v[2] is not None,
+                  "{key}={value[2]}: with a reward model or judge and reward_model.combine=override (verl's "
+                  "behaviour) the model score replaces the function's; set reward_model.combine=sum to add them",
+                  lambda c: (_model_reward_on(c), c.reward_model.combine, c.custom_reward_function.path)),
+        LaterWork("reward_model.overlong_buffer.enable", lambda v: v[0] and v[1] == "override" and v[2] is True,
+                  "{key}=True: with a reward model or judge and reward_model.combine=override (verl's behaviour) "
+                  "the model score is used as it is, without the overlong penalty; set reward_model.combine=sum",
+                  lambda c: (_model_reward_on(c), c.reward_model.combine, c.reward_model.overlong_buffer.enable)),
+    ]
+    default = _default(RewardModelModelConfig, "fsdp_config")
+    for name in ("wrap_policy.min_num_params", *(f.name for f in dataclasses.fields(FSDPConfig)
+                                                  if f.name != "wrap_policy")):
+        d = default
+        for part in name.split("."):
+            d = getattr(d, part)
+        rows.append(on(f"reward_model.model.fsdp_config.{name}", lambda v, d=d: v != d, plain + " (no FSDP)"))
+    return rows
 _NO_DUMP = "{key}={value}: dumping generations is not available in this build yet; ignored"
 
 LATER_WORK: tuple[LaterWork, ...] = (
@@ -229,9 +279,7 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
               lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
-    LaterWork("reward_model.enable", lambda v: v is True,
-              "{key}=True: a reward model is not available in this build; scores come from the rule scorers or "
-              "custom_reward_function; ignored"),
+    *_reward_model_rows(),
     *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),
     *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.actor.strategy"),  # the reference runs on the actor's engine
     *_megatron_rows("critic.megatron", "critic.strategy"),

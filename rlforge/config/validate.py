@@ -19,6 +19,7 @@ from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
 from rlforge.config.precision import check_precision_and_offload
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
+from rlforge.config.reward import check_model_reward
 from rlforge.config.root import RLForgeConfig
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
@@ -108,6 +109,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_megatron(cfg, world.size, world.source)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
+    check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
     return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora
 

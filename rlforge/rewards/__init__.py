@@ -7,6 +7,12 @@ Public API:
     default_compute_score(data_source, solution_str, ground_truth, extra_info) -> float
     REWARD_RULES: Registry of rules by data_source ('openai/gsm8k', 'rlforge/arithmetic')
     load_custom_reward_function(path, name) -> callable
+
+Model scores (imported from their modules, so that the core stays light):
+    rlforge.rewards.model_reward.with_model_reward(manager, cfg, device, seed, dtype) -> the manager, wrapped
+        when reward_model.enable or reward_model.judge.enable; reward_metrics(reward) -> dict
+    rlforge.rewards.reward_model.SequenceRewardModel / load_sequence_rm (discriminative reward model)
+    rlforge.rewards.judge.LLMJudge / ScoreParser / engine_generate (LLM judge)
 """
 
 from rlforge.rewards.custom import call_reward_fn, load_custom_reward_function

@@ -35,6 +35,7 @@ from rlforge.models.lora import (
     merged_params,
 )
 from rlforge.rewards import RewardManager, build_reward_manager
+from rlforge.rewards.model_reward import with_model_reward
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.roles.fused_head import fused_head_unsupported, set_impl_backend
@@ -332,7 +333,8 @@ def build_job(cfg: Any) -> Job:
         rollout_lm, eos_ids, tokenizer.pad_token_id, device, autocast_dtype(device), arr.rollout,
     )
     rollout = maybe_multi_turn(rollout, cfg, tokenizer)  # rollout.multi_turn.enable: the agent loop
-    reward = build_reward_manager(cfg, tokenizer)
+    # a reward model or judge (reward_model.enable / reward_model.judge.enable) wraps the manager
+    reward = with_model_reward(build_reward_manager(cfg, tokenizer), cfg, device, seed, autocast_dtype(device))
     def sync_rollout() -> None:
         if lora is None:
             actor_engine.sync_to(rollout_copy)  # gathers full tensors one at a time (bounded memory)

@@ -48,6 +48,7 @@ from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import StageMemory, memory_metrics
 from rlforge.perf.monitor import PerfMonitor
 from rlforge.perf.timer import timed
+from rlforge.rewards.model_reward import reward_metrics
 from rlforge.rollout import SamplingParams
 from rlforge.tracking import Tracking, check_loggers, rotate_metrics_file
 from rlforge.trainer import checkpoint as ckpt
@@ -350,6 +351,7 @@ class PPOTrainer:
             batch["reward_baselines"] = baseline.repeat_interleave(n)
         with self._stage("reward", m):
             rw = job.reward.score(batch)
+            m.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
             batch["token_level_scores"] = rw.token_level_scores
             for k, v in rw.extra.items():
                 batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
