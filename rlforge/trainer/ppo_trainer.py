@@ -216,6 +216,7 @@ class PPOTrainer:
                 self.tracker.log(last, step=self.global_step)
                 self.perf.flush()
         finally:
+            self.job.reward.close()
             self.tracker.close()
             self.perf.close()
         return last
@@ -351,6 +352,8 @@ class PPOTrainer:
         with self._stage("reward", m):
             rw = job.reward.score(batch)
             batch["token_level_scores"] = rw.token_level_scores
+            for k, v in rw.metrics.items():  # reward/timeouts, reward/errors: summed over dynamic-sampling batches
+                m[k] = m.get(k, 0.0) + v
             for k, v in rw.extra.items():
                 batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
         return batch

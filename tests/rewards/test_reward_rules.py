@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from rlforge.errors import RewardError
-from rlforge.rewards import REWARD_RULES, default_compute_score, gsm8k
+from rlforge.rewards import REWARD_RULES, default_compute_score, extract_answer, gsm8k
 from rlforge.rewards import arithmetic as arith
-from rlforge.rewards import extract_answer
 from rlforge.rewards.numeric import canonical_number, looks_like_float_column, numbers_equal
 
 
