@@ -4,8 +4,8 @@ Why processes: a scorer that hangs in user code (``time.sleep``, a sandbox that 
 a regex that backtracks forever) cannot be interrupted inside the trainer's process; a worker
 process can be killed.  :meth:`ScorerPool.map` hands one task at a time to each worker, and
 
-* a task that runs longer than ``timeout_s`` has its worker killed (SIGKILL) and gets
-  :attr:`Outcome.timed_out`; the worker is replaced by a fresh fork before the next task;
+* a task that runs longer than ``timeout_s`` has its worker killed (SIGKILL, reaped later without
+  waiting) and gets :attr:`Outcome.timed_out`; a fresh fork takes the slot when a task needs it;
 * a worker that dies (``os._exit`` or a segfault in the scorer, the OOM killer) gives its task
   :attr:`Outcome.error` = ``"worker process died (exit code N)"`` and is replaced;
 * an exception in the scorer is caught in the worker and returned as :attr:`Outcome.error`.
@@ -90,7 +90,8 @@ class ScorerPool:
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.num_replaced = 0
         self._ctx = mp.get_context("fork")
-        self._workers: list[_Worker] = []
+        self._workers: list[_Worker | None] = []
+        self._dying: list[_Worker] = []
 
     def _start_worker(self) -> _Worker:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
@@ -100,34 +101,50 @@ class ScorerPool:
         child_end.close()
         return _Worker(proc, parent_end)
 
-    def _replace(self, w: _Worker) -> _Worker:
+    def _retire(self, slot: int) -> None:
+        """Kill the worker in ``slot`` (SIGKILL, no waiting: it is reaped later) and leave the slot empty;
+        a fresh fork fills it when a task needs it."""
+        w = self._workers[slot]
+        if w is None:
+            return
         if w.proc.is_alive():
             w.proc.kill()
-        w.proc.join(timeout=5)
         w.conn.close()
+        self._dying.append(w)
+        self._workers[slot] = None
         self.num_replaced += 1
-        new = self._start_worker()
-        self._workers[self._workers.index(w)] = new
-        return new
+
+    def _reap(self) -> None:
+        """Join retired workers that have exited (never blocks)."""
+        alive = []
+        for w in self._dying:
+            w.proc.join(timeout=0)
+            if w.proc.exitcode is None:
+                alive.append(w)
+        self._dying = alive
 
     def map(self, tasks: Sequence[dict[str, Any]]) -> list[Outcome]:
         """Run ``fn(**task)`` for every task; outcomes in task order.  Never raises for a task's failure."""
-        while len(self._workers) < self.num_workers:
-            self._workers.append(self._start_worker())
+        self._reap()
+        self._workers += [None] * (self.num_workers - len(self._workers))
         results: list[Outcome | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (task index, deadline)
         while pending or busy:
-            for slot, w in enumerate(self._workers):
-                if slot not in busy and pending:
-                    idx = pending.popleft()
-                    try:
-                        w.conn.send((idx, dict(tasks[idx])))
-                    except Exception as e:  # noqa: BLE001 - an argument that cannot be pickled
-                        results[idx] = Outcome(False, error=f"cannot send the sample to a worker: {type(e).__name__}: {e}")
-                        continue
-                    deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else float("inf")
-                    busy[slot] = (idx, deadline)
+            for slot in range(self.num_workers):
+                if slot in busy or not pending:
+                    continue
+                if self._workers[slot] is None:
+                    self._workers[slot] = self._start_worker()
+                w = self._workers[slot]
+                idx = pending.popleft()
+                try:
+                    w.conn.send((idx, dict(tasks[idx])))
+                except Exception as e:  # noqa: BLE001 - an argument that cannot be pickled
+                    results[idx] = Outcome(False, error=f"cannot send the sample to a worker: {type(e).__name__}: {e}")
+                    continue
+                deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else float("inf")
+                busy[slot] = (idx, deadline)
             if not busy:
                 continue
             nearest = min(d for _, d in busy.values())
@@ -139,18 +156,18 @@ class ScorerPool:
             now = time.monotonic()
             for slot in list(busy):
                 idx, deadline = busy[slot]
-                w = self._workers[slot]
-                outcome = self._collect(w, idx)
+                outcome = self._collect(slot)
                 if outcome is None and now >= deadline:
                     outcome = Outcome(False, error=f"timed out after {self.timeout_s:g} s", timed_out=True)
-                    self._replace(w)
+                    self._retire(slot)
                 if outcome is not None:
                     results[idx] = outcome
                     del busy[slot]
         return [r if r is not None else Outcome(False, error="not scored") for r in results]
 
-    def _collect(self, w: _Worker, idx: int) -> Outcome | None:
-        """The worker's answer for task ``idx`` if it has one; an error outcome if it died; else None."""
+    def _collect(self, slot: int) -> Outcome | None:
+        """The answer of the worker in ``slot`` if it has one; an error outcome if it died; else None."""
+        w = self._workers[slot]
         try:
             if w.conn.poll():
                 _, ok, value = w.conn.recv()
@@ -162,20 +179,21 @@ class ScorerPool:
                 return None
         w.proc.join(timeout=5)
         code = w.proc.exitcode
-        self._replace(w)
+        self._retire(slot)
         return Outcome(False, error=f"worker process died (exit code {code})")
 
     def close(self) -> None:
         """Stop every worker (idle ones exit on their own; busy or stuck ones are killed)."""
-        for w in self._workers:
+        live = [w for w in self._workers if w is not None]
+        for w in live:
             try:
                 w.conn.send(None)
             except OSError:
                 pass
-        for w in self._workers:
+        for w in live + self._dying:
             w.proc.join(timeout=1)
             if w.proc.is_alive():
                 w.proc.kill()
                 w.proc.join(timeout=5)
             w.conn.close()
-        self._workers = []
+        self._workers, self._dying = [], []
