@@ -226,3 +226,22 @@ def test_training_step_with_sleeping_scorer(tmp_path: Path) -> None:
     assert [r["reward/timeouts"] for r in rows] == [8.0, 8.0] and [r["reward/errors"] for r in rows] == [0.0, 0.0]
     assert all(r["timing_s/reward"] <= 4.0 for r in rows)
     assert all(r["critic/score/mean"] == 0.0 for r in rows)
+
+
+@pytest.mark.parametrize(("override", "fragments"), [
+    ("reward_model.reward_manager=primo", ("reward_model.reward_manager", "'primo'", "Did you mean 'prime'?",
+                                           "Valid names: batch, dapo, naive, prime")),
+    ("reward_model.timeout_s=-1", ("reward_model.timeout_s", "-1", "null (no limit) or > 0 seconds")),
+])
+def test_bad_reward_keys_are_one_error_line(capfd, override: str, fragments: tuple[str, ...]) -> None:
+    """Refused while the config is validated, before a model loads: status 2 and one error line."""
+    from helpers import SMALL
+
+    from rlforge.cli import main
+
+    capfd.readouterr()
+    assert main(["train", *SMALL, override]) == 2
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(f in lines[0] for f in fragments), lines[0]
