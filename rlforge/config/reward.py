@@ -81,7 +81,7 @@ class RewardModelConfig:
     non-number or killed its worker; counted in ``reward/timeouts`` / ``reward/errors`` with a warning.
     A batch in which EVERY sample fails with an error stops the run instead."""
     num_workers: int = 0
-    """rlforge's own key: processes of the ``prime`` pool; 0 = the CPU count, at most 16."""
+    """rlforge's own key: processes of the ``prime`` pool (per rank); 0 = the CPU count, at most 16."""
     launch_reward_fn_async: bool = False
     """Compute rule rewards in a background worker overlapping the log-prob passes."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)

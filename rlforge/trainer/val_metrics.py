@@ -18,9 +18,13 @@ key of the reward function (``acc``, ...), and ``section`` is ``val-core`` for t
 ``best@N/*`` and ``maj@N/*`` at the largest N; every other metric (``std@N``, ``worst@N/*``,
 smaller k) is ``val-aux``, as in verl.
 
-Deviation from verl: the random draws come from a local ``numpy.random.RandomState(seed)`` instead
-of re-seeding numpy's global generator; the draws are the same numbers (one ``(n_bootstrap, k)``
-call of the legacy generator yields the same stream as verl's ``n_bootstrap`` calls of size ``k``).
+Deviations from verl, none in the numbers: the random draws come from a local
+``numpy.random.RandomState(seed)`` instead of re-seeding numpy's global generator (one
+``(n_bootstrap, k)`` call of the legacy generator yields the same stream as verl's ``n_bootstrap``
+calls of size ``k``), drawn once per prompt and k and shared by every variable (verl re-seeds per call,
+so its draws are these too), and reduced with numpy instead of a Python loop per resample
+(:func:`group_metrics`; :func:`bootstrap_metric` and :func:`calc_maj_val` are verl's reference forms,
+and the tests check the two agree).
 """
 
 from __future__ import annotations
@@ -69,22 +73,54 @@ def subset_sizes(n: int) -> list[int]:
     return ks + [n]
 
 
-def prompt_metrics(values: Sequence[float], preds: Sequence[Any] | None, seed: int = SEED) -> dict[str, float]:
-    """The metrics of one prompt's N response values (``preds``: their answers, for ``maj@k``)."""
-    n = len(values)
-    m = {f"mean@{n}": float(np.mean(values))}
+def _majority_picks(idx: np.ndarray, preds: Sequence[Any]) -> np.ndarray:
+    """For each row of response indices ``idx`` ``(n_bootstrap, k)``: the first index whose ``pred`` is
+    the row's most frequent one (ties: the pred seen first in the row), i.e. the response whose value
+    :func:`calc_maj_val` returns.  Shape ``(n_bootstrap,)``."""
+    code_of = {p: i for i, p in enumerate(dict.fromkeys(preds))}
+    codes = np.asarray([code_of[p] for p in preds], dtype=np.int64)[idx]  # (B, k)
+    k = idx.shape[1]
+    onehot = codes[:, :, None] == np.arange(len(code_of))  # (B, k, C)
+    counts = onehot.sum(axis=1)  # (B, C)
+    first = np.where(onehot.any(axis=1), onehot.argmax(axis=1), k)  # (B, C): first position of each pred
+    tied = counts == counts.max(axis=1, keepdims=True)
+    pos = np.where(tied, first, k).min(axis=1)  # (B,): the earliest of the most frequent
+    return idx[np.arange(len(idx)), pos]
+
+
+def group_metrics(
+    var2vals: dict[str, Sequence[float]], preds: Sequence[Any] | None, seed: int = SEED,
+) -> dict[str, dict[str, float]]:
+    """The metrics of one prompt's N responses, for each variable (``{var: [N values]}``); ``preds``
+    (N answers) gives ``maj@k``.  The same numbers as verl's per-variable :func:`bootstrap_metric` calls
+    (each of which re-seeds, so every call draws the same ``(n_bootstrap, k)`` indices), drawn once per k
+    and reduced with numpy."""
+    out: dict[str, dict[str, float]] = {}
+    arrays = {var: np.asarray(vals, dtype=np.float64) for var, vals in var2vals.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    for var, arr in arrays.items():
+        out[var] = {f"mean@{n}": float(np.mean(arr))}
+        if n > 1:
+            out[var][f"std@{n}"] = float(np.std(arr))
     if n <= 1:
-        return m
-    m[f"std@{n}"] = float(np.std(values))
+        return out
     for k in subset_sizes(n):
-        (bm, bs), (wm, ws) = bootstrap_metric(list(values), k, [max, min], seed=seed)
-        m[f"best@{k}/mean"], m[f"best@{k}/std"] = bm, bs
-        m[f"worst@{k}/mean"], m[f"worst@{k}/std"] = wm, ws
-        if preds is not None:
-            votes = [{"val": v, "pred": p} for v, p in zip(values, preds, strict=True)]
-            ((mm, ms),) = bootstrap_metric(votes, k, [calc_maj_val], seed=seed)
-            m[f"maj@{k}/mean"], m[f"maj@{k}/std"] = mm, ms
-    return m
+        idx = np.random.RandomState(seed).choice(n, size=(N_BOOTSTRAP, k), replace=True)
+        picks = _majority_picks(idx, preds) if preds is not None else None
+        for var, arr in arrays.items():
+            m, sub = out[var], arr[idx]
+            best, worst = sub.max(axis=1), sub.min(axis=1)
+            m[f"best@{k}/mean"], m[f"best@{k}/std"] = float(np.mean(best)), float(np.std(best))
+            m[f"worst@{k}/mean"], m[f"worst@{k}/std"] = float(np.mean(worst)), float(np.std(worst))
+            if picks is not None:
+                maj = arr[picks]
+                m[f"maj@{k}/mean"], m[f"maj@{k}/std"] = float(np.mean(maj)), float(np.std(maj))
+    return out
+
+
+def prompt_metrics(values: Sequence[float], preds: Sequence[Any] | None, seed: int = SEED) -> dict[str, float]:
+    """:func:`group_metrics` of one variable: the metrics of one prompt's N response values."""
+    return group_metrics({"v": values}, preds, seed)["v"]
 
 
 def process_validation_metrics(
@@ -102,13 +138,13 @@ def process_validation_metrics(
     for src, uid2rows in groups.items():
         per_var: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for rows in uid2rows.values():
-            for var, vals in infos.items():
-                if isinstance(vals[rows[0]], str) or vals[rows[0]] is None:
-                    continue
-                group_preds = [preds[i] for i in rows] if preds is not None else None
-                if group_preds is not None and any(p is None for p in group_preds):
-                    group_preds = None  # a response without a ``pred`` entry: no maj@k for this prompt
-                for name, v in prompt_metrics([float(vals[i]) for i in rows], group_preds, seed).items():
+            var2vals = {var: [float(vals[i]) for i in rows] for var, vals in infos.items()
+                        if not (isinstance(vals[rows[0]], str) or vals[rows[0]] is None)}
+            group_preds = [preds[i] for i in rows] if preds is not None else None
+            if group_preds is not None and any(p is None for p in group_preds):
+                group_preds = None  # a response without a ``pred`` entry: no maj@k for this prompt
+            for var, metrics in group_metrics(var2vals, group_preds, seed).items():
+                for name, v in metrics.items():
                     per_var[var][name].append(v)
         out[src] = {var: {name: float(np.mean(v)) for name, v in ms.items()} for var, ms in per_var.items()}
     return out

@@ -13,6 +13,7 @@ from helpers import SMALL
 from rlforge.trainer.val_metrics import (
     bootstrap_metric,
     calc_maj_val,
+    group_metrics,
     process_validation_metrics,
     prompt_metrics,
     subset_sizes,
@@ -52,6 +53,26 @@ def test_bootstrap_draws_are_verls() -> None:
         np.random.set_state(state)
     ((m, s),) = bootstrap_metric(data, 3, [max], seed=42)
     assert (m, s) == pytest.approx(verl, abs=1e-12)
+
+
+def test_vectorized_equals_verls_reference() -> None:
+    """group_metrics (numpy, draws shared) equals verl's bootstrap_metric + calc_maj_val per variable."""
+    rng = np.random.RandomState(0)
+    for n in (2, 3, 5, 8):
+        vals = rng.rand(n).round(2).tolist()
+        acc = [float(v > 0.5) for v in vals]
+        preds = [str(int(v * 3)) for v in vals]
+        got = group_metrics({"reward": vals, "acc": acc}, preds)
+        for var, v in (("reward", vals), ("acc", acc)):
+            assert got[var][f"mean@{n}"] == pytest.approx(np.mean(v))
+            for k in subset_sizes(n):
+                (bm, bs), (wm, ws) = bootstrap_metric(v, k, [np.max, np.min])
+                ((mm, ms),) = bootstrap_metric([{"val": x, "pred": p} for x, p in zip(v, preds, strict=True)], k,
+                                               [calc_maj_val])
+                want = {"best": (bm, bs), "worst": (wm, ws), "maj": (mm, ms)}
+                for name, (mean, std) in want.items():
+                    assert got[var][f"{name}@{k}/mean"] == pytest.approx(mean, abs=1e-12)
+                    assert got[var][f"{name}@{k}/std"] == pytest.approx(std, abs=1e-12)
 
 
 def test_best_worst_by_hand() -> None:
