@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 MAX_WARNINGS_PER_BATCH = 8
 """Failed samples named one per line in a batch; the rest are summed up in one more line."""
+
+SLOW_SAMPLE_S = 10.0
+"""Without ``reward_model.timeout_s``, a sample that takes longer than this (seconds) to score in the
+trainer's process gets a warning that suggests the key (it cannot be interrupted there)."""
 
 
 @dataclass
@@ -142,11 +147,22 @@ class RewardManager:
         if self.timeout_s is not None:
             return self._pool_of(1).map(samples)
         out: list[Outcome] = []
-        for s in samples:
+        slow: list[tuple[int, float]] = []
+        for i, s in enumerate(samples):
+            t0 = time.monotonic()
             try:
                 out.append(Outcome(True, value=self.fn(**s)))
             except Exception as e:  # noqa: BLE001 - the sample's error, handled in score()
                 out.append(Outcome(False, error=f"{type(e).__name__}: {e}"))
+            if (dt := time.monotonic() - t0) > SLOW_SAMPLE_S:
+                slow.append((i, dt))
+        if slow:
+            i, dt = max(slow, key=lambda x: x[1])
+            logger.warning(
+                "%s took %.1f s (%d samples of this batch over %g s) in the trainer's process; set "
+                "reward_model.timeout_s to cap each sample (it then runs in a worker process that is killed "
+                "past the limit)", sample_where(self.fn_desc, i, samples[i]["data_source"]), dt, len(slow),
+                SLOW_SAMPLE_S)
         return out
 
     def _postprocess(self, scores: list[float], extras: list[dict[str, Any]]) -> None:

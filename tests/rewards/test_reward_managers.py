@@ -245,3 +245,18 @@ def test_bad_reward_keys_are_one_error_line(capfd, override: str, fragments: tup
     lines = [line for line in err.splitlines() if line.startswith("rlforge: error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert all(f in lines[0] for f in fragments), lines[0]
+
+
+def test_slow_sample_without_timeout_warns(smol_tokenizer, tmp_path, caplog, monkeypatch) -> None:
+    """No timeout_s: a slow sample cannot be stopped, but it is named, with the key to set."""
+    import rlforge.rewards.manager as manager
+
+    monkeypatch.setattr(manager, "SLOW_SAMPLE_S", 0.05)
+    path = write(tmp_path, "import time\ndef compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                           "    time.sleep(0.2 if extra_info['index'] == 1 else 0.0)\n    return 1.0\n")
+    with caplog.at_level(logging.WARNING, logger="rlforge.rewards.manager"):
+        out = RewardManager(smol_tokenizer, custom_path=path).score(
+            make_batch(smol_tokenizer, ["1", "2"], ["1", "2"], ["a", "slow"]))
+    assert out.scores.tolist() == [1.0, 1.0]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "sample 1 (data_source='slow')" in line and "reward_model.timeout_s" in line
