@@ -153,7 +153,7 @@ class RewardManager:
             try:
                 out.append(Outcome(True, value=self.fn(**s)))
             except Exception as e:  # noqa: BLE001 - the sample's error, handled in score()
-                out.append(Outcome(False, error=f"{type(e).__name__}: {e}"))
+                out.append(Outcome(False, error=f"{type(e).__name__}: {e}", raised=True))
             if (dt := time.monotonic() - t0) > SLOW_SAMPLE_S:
                 slow.append((i, dt))
         if slow:
@@ -227,8 +227,7 @@ class RewardManager:
                 if o.timed_out:
                     raise RewardError(f"{where} {o.error}")
                 if not o.ok:
-                    raise RewardError(f"{where} raised {o.error}" if not o.error.startswith("worker")
-                                      else f"{where}: {o.error}")
+                    raise RewardError(f"{where} raised {o.error}" if o.raised else f"{where}: {o.error}")
                 s, ex = check_result(o.value, where)
             except RewardError as e:
                 num_timeouts += o.timed_out

@@ -45,14 +45,14 @@ class BatchRewardManager(RewardManager):
             try:
                 one = Outcome(True, value=self.fn(**lists))
             except Exception as e:  # noqa: BLE001 - every sample's error, handled in score()
-                one = Outcome(False, error=f"{type(e).__name__}: {e}")
+                one = Outcome(False, error=f"{type(e).__name__}: {e}", raised=True)
         if not one.ok:
             return [one] * len(samples)
         values = one.value
         if not isinstance(values, Sequence) or isinstance(values, str | bytes) or len(values) != len(samples):
             got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else \
                 type(values).__name__
-            bad = Outcome(False, error=f"TypeError: the batch function returned {got}, expected a list of "
+            bad = Outcome(False, error=f"the batch function returned {got}, expected a list of "
                                        f"{len(samples)} scores (reward_model.reward_manager=batch)")
             return [bad] * len(samples)
         return [Outcome(True, value=v) for v in values]

@@ -37,12 +37,14 @@ from typing import Any
 
 @dataclass
 class Outcome:
-    """Result of one task: ``value`` when ``ok``; else ``error`` (a message) or ``timed_out``."""
+    """Result of one task: ``value`` when ``ok``; else ``error`` (a message; ``raised``: the scorer raised,
+    and ``error`` is ``"<ExceptionType>: <message>"``) or ``timed_out``."""
 
     ok: bool
     value: Any = None
     error: str = ""
     timed_out: bool = False
+    raised: bool = False
 
 
 def _worker_main(fn: Callable[..., Any], conn: Connection, parent_end: Connection | None) -> None:
@@ -171,7 +173,7 @@ class ScorerPool:
         try:
             if w.conn.poll():
                 _, ok, value = w.conn.recv()
-                return Outcome(True, value=value) if ok else Outcome(False, error=str(value))
+                return Outcome(True, value=value) if ok else Outcome(False, error=str(value), raised=True)
         except (EOFError, OSError):
             pass
         else:
