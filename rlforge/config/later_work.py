@@ -280,6 +280,17 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
               lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
     *_reward_model_rows(),
+    LaterWork("custom_reward_function.reward_kwargs", lambda v: bool(v[0]) and not v[1],
+              "{key} is passed to the function of custom_reward_function.path, which is not set "
+              "(the built-in rules take no extra keywords); ignored",
+              lambda c: (c.custom_reward_function.reward_kwargs, c.custom_reward_function.path)),
+    LaterWork("reward_model.reward_kwargs", lambda v: bool(v),
+              "{key}: rlforge's reward managers take no constructor keywords (use "
+              "custom_reward_function.reward_kwargs for the function); ignored"),
+    LaterWork("reward_model.num_workers", lambda v: v[0] != 0 and v[1] != "prime",
+              "{key}={value[0]} only sizes the process pool of reward_model.reward_manager=prime "
+              "(this run uses {value[1]}); ignored",
+              lambda c: (c.reward_model.num_workers, c.reward_model.reward_manager)),
     *_megatron_rows(f"{_ARR}.actor.megatron", f"{_ARR}.actor.strategy"),
     *_megatron_rows(f"{_ARR}.ref.megatron", f"{_ARR}.actor.strategy"),  # the reference runs on the actor's engine
     *_megatron_rows("critic.megatron", "critic.strategy"),

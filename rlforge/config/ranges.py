@@ -47,6 +47,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "algorithm.kl_ctrl.kl_coef": (lambda v: v >= 0, ">= 0"),
     "data.max_prompt_length": (lambda v: v >= 1, ">= 1"),
     "data.max_response_length": (lambda v: v >= 1, ">= 1"),
+    "reward_model.timeout_s": (lambda v: v is None or v > 0, "null (no limit) or > 0 seconds"),
+    "reward_model.num_workers": (lambda v: v >= 0, ">= 1 processes, or 0 for the CPU count (at most 16)"),
     "trainer.gpu_sample_interval_s": (lambda v: v >= 0, ">= 0 (0 = no GPU sampling)"),
     "trainer.profile_steps": (lambda v: v is None or all(s >= 1 for s in v), "null or a list of steps >= 1"),
     # rollout backends: hf and native here; verl's vllm and sglang run as native (or hf) with a warning

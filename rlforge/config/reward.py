@@ -124,7 +124,19 @@ class RewardModelConfig:
     ulysses_sequence_parallel_size: int = 1
     """Ulysses sequence-parallel degree; 1 = off."""
     reward_manager: str = "naive"
-    """Reward-manager registry name: ``naive`` | ``prime`` | ``batch`` | ``dapo``."""
+    """Reward-manager registry name (verl's): ``naive`` (one sample at a time) | ``batch`` (the function
+    takes lists) | ``prime`` (a pool of ``num_workers`` processes) | ``dapo`` (naive + ``acc``)."""
+    timeout_s: float | None = None
+    """rlforge's own key: per-sample scoring limit in seconds (``batch``: for the one call on the whole
+    batch).  With a limit, scoring runs in worker processes that are killed and replaced on a timeout;
+    the sample gets ``failure_score`` and counts in ``reward/timeouts``.  None = no limit (``naive``,
+    ``batch``, ``dapo`` then score in the trainer's process)."""
+    failure_score: float = 0.0
+    """rlforge's own key: the score (reward units) of a sample whose scorer timed out, raised, returned a
+    non-number or killed its worker; counted in ``reward/timeouts`` / ``reward/errors`` with a warning.
+    A batch in which EVERY sample fails with an error stops the run instead."""
+    num_workers: int = 0
+    """rlforge's own key: processes of the ``prime`` pool (per rank); 0 = the CPU count, at most 16."""
     launch_reward_fn_async: bool = False
     """Compute rule rewards in a background worker overlapping the log-prob passes."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -146,7 +158,7 @@ class CustomRewardFunctionConfig:
     name: str = "compute_score"
     """Function name inside ``path``."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Free-form extra keyword arguments passed to the function."""
+    """Free-form extra keyword arguments passed to the function (with ``path`` only)."""
 
 
 def check_model_reward(cfg: Any) -> None:

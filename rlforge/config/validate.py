@@ -78,6 +78,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
             that cannot work (:mod:`rlforge.config.precision`).
     """
     _check_choices(cfg)
+    _check_reward_manager(cfg)
     check_ranges(cfg)
     check_model_len(cfg)
     check_token_budgets(cfg)
@@ -220,6 +221,13 @@ def _check_flowrl(cfg: RLForgeConfig) -> None:
             f"{_ARR}.actor.ppo_micro_batch_size_per_gpu={micro} splits groups of {_ARR}.rollout.n={n}; "
             f"use a multiple of {n} or set {key}.reward=raw"
         )
+
+
+def _check_reward_manager(cfg: RLForgeConfig) -> None:
+    """``reward_model.reward_manager`` names a registered manager (one error listing them, before any model loads)."""
+    from rlforge.rewards import REWARD_MANAGERS
+
+    REWARD_MANAGERS.get(cfg.reward_model.reward_manager)
 
 
 def _check_choices(cfg: RLForgeConfig) -> None:

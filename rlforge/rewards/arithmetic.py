@@ -6,11 +6,16 @@ and the like), must be the integer: ``"12"``, ``" 12.\n"`` and ``"12!"`` score 1
 ground truth ``"12"``; ``"The answer is 12"`` and ``"12 or 13"`` score 0.0.  Leading ``+``
 and zeros are not accepted (``"012"`` is wrong).  ``method='last_int'`` is the lenient
 variant: the last integer in the response is compared (``"7 + 5 = 12"`` scores 1.0).
+A numeric ground truth is compared in its canonical form (``12.0``, ``"12.0"`` -> ``"12"``,
+:func:`rlforge.rewards.numeric.canonical_number`); the response's integer is not (``"012"`` stays wrong).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from rlforge.rewards.numeric import canonical_number
 
 _INT_RE = re.compile(r"-?\d+")
 _TRAILING = " \t\r\n.!?,;:。"
@@ -31,7 +36,7 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
     raise ValueError(f"method must be 'strict' or 'last_int', got {method!r}")
 
 
-def compute_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
-    """1.0 if the response's answer equals ``ground_truth`` (as a string, stripped), else 0.0."""
+def compute_score(solution_str: str, ground_truth: Any, method: str = "strict") -> float:
+    """1.0 if the response's answer equals ``ground_truth`` (its canonical string), else 0.0."""
     answer = extract_answer(solution_str, method)
-    return 1.0 if answer is not None and answer == str(ground_truth).strip() else 0.0
+    return 1.0 if answer is not None and answer == canonical_number(ground_truth) else 0.0

@@ -51,38 +51,21 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Real) or (hasattr(x, "item") and getattr(x, "ndim", 1) == 0)
 
 
-def call_reward_fn(
-    fn: Callable[..., Any],
-    fn_desc: str,
-    index: int,
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict[str, Any] | None,
-) -> tuple[float, dict[str, Any]]:
-    """Call a reward function on one sample and check what it returns.
+def sample_where(fn_desc: str, index: int, data_source: str) -> str:
+    """How errors name one sample: ``reward function <fn> on sample <i> (data_source=<ds>)``."""
+    return f"reward function {fn_desc} on sample {index} (data_source={data_source!r})"
+
+
+def check_result(out: Any, where: str) -> tuple[float, dict[str, Any]]:
+    """Check what a reward function returned for one sample.
 
     Returns:
-        ``(score, extras)``: the finite float score and the dict's other keys (empty for a
-        plain number).
+        ``(score, extras)``: the finite float score and a dict's other keys (empty for a number).
 
     Raises:
-        RewardError: the function raised, or returned a non-number, NaN/inf, or a dict
-            without a numeric ``score``; the message names the sample ``index``,
-            ``data_source`` and ``fn_desc`` (and the original exception's message).
+        RewardError: a non-number, NaN/inf, or a dict without a numeric ``score``; the message
+            starts with ``where`` (see :func:`sample_where`).
     """
-    where = f"reward function {fn_desc} on sample {index} (data_source={data_source!r})"
-    try:
-        out = fn(
-            data_source=data_source,
-            solution_str=solution_str,
-            ground_truth=ground_truth,
-            extra_info=extra_info,
-        )
-    except RewardError:
-        raise
-    except Exception as e:
-        raise RewardError(f"{where} raised {type(e).__name__}: {e}") from e
     extras: dict[str, Any] = {}
     if isinstance(out, Mapping):
         if "score" not in out:
@@ -97,3 +80,29 @@ def call_reward_fn(
     if not math.isfinite(score):
         raise RewardError(f"{where} returned {score}, expected a finite number")
     return score, extras
+
+
+def call_reward_fn(
+    fn: Callable[..., Any],
+    fn_desc: str,
+    index: int,
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None,
+) -> tuple[float, dict[str, Any]]:
+    """Call a reward function on one sample in this process and check what it returns.
+
+    Returns:
+        ``(score, extras)`` as :func:`check_result`.
+
+    Raises:
+        RewardError: the function raised, or returned a bad value; the message names the sample
+            ``index``, ``data_source`` and ``fn_desc`` (and the original exception's message).
+    """
+    where = sample_where(fn_desc, index, data_source)
+    try:
+        out = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+    except Exception as e:
+        raise RewardError(f"{where} raised {type(e).__name__}: {e}") from e
+    return check_result(out, where)

@@ -9,8 +9,10 @@ Reference: Trung et al., "ReFT: Reasoning with Reinforced Fine-Tuning", ACL 2024
   matters for patterns that could contain it.
 * ``flexible``: the last ``-?[0-9.,]+`` in the (clipped) response that is not ``""``/``"."``.
 
-The extracted string is compared to ``ground_truth`` as strings (``"72" != "72.0"``).
-Deviation from verl: in flexible mode, a response whose only matches are ``"."`` has no
+The extracted answer and ``ground_truth`` are compared as numbers when both are numbers
+(:func:`rlforge.rewards.numeric.numbers_equal`: ``"72"`` equals ``72.0``, ``"72.0"`` and ``"72.00"``),
+else as stripped strings.  Deviations from verl: verl compares strings (``"72" != "72.0"``), so an
+integer column stored as float (``7.0``) scores 0 there for every response; and in flexible mode, a response whose only matches are ``"."`` has no
 answer (score 0) instead of comparing ``"."`` to the ground truth (same result for
 ``format_score = 0``).
 """
@@ -18,6 +20,9 @@ answer (score 0) instead of comparing ``"."`` to the ground truth (same result f
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from rlforge.rewards.numeric import numbers_equal
 
 SOLUTION_CLIP_CHARS = 300
 _STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -45,15 +50,16 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
 
 def compute_score(
     solution_str: str,
-    ground_truth: str,
+    ground_truth: Any,
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """``score`` if the extracted answer equals ``ground_truth``, ``format_score`` if an answer
-    was found but differs, and 0.0 if no answer was found.
+    """``score`` if the extracted answer equals ``ground_truth`` (as numbers when both are, see
+    :func:`~rlforge.rewards.numeric.numbers_equal`), ``format_score`` if an answer was found but
+    differs, and 0.0 if no answer was found.
     """
     answer = extract_solution(solution_str, method=method)
     if answer is None:
         return 0.0
-    return float(score) if answer == str(ground_truth) else float(format_score)
+    return float(score) if numbers_equal(answer, ground_truth) else float(format_score)

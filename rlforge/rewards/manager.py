@@ -3,16 +3,31 @@
 Source: verl's ``NaiveRewardManager`` (``verl/workers/reward_manager/naive.py``): the score of
 each response is put on its LAST valid response token and the rest of the row is zero.
 A custom function (``custom_reward_function.path``) replaces the data-source rules for all
-samples, as in verl.
+samples, as in verl; ``custom_reward_function.reward_kwargs`` are passed to it as extra keywords.
+
+:class:`RewardManager` is verl's ``naive`` manager: one sample after another, in the trainer's
+process, or, with ``reward_model.timeout_s`` set, in one worker process that is killed and
+replaced when a sample runs past the limit (:mod:`rlforge.rewards.pool`).  The other managers
+(``batch``, ``prime``, ``dapo``: :mod:`rlforge.rewards.managers`) change only :meth:`_compute`.
+
+Failures (rlforge's own policy; verl stops on a raising scorer and ``prime`` scores 0): a sample
+whose scorer times out, raises, returns a non-number or kills its worker gets
+``reward_model.failure_score``, is counted in ``reward/timeouts`` or ``reward/errors``, and
+is named in a warning (index and data_source).  When EVERY sample of a batch fails with an
+error (not a timeout), the function is broken rather than flaky and :meth:`score` raises.
 
 Zero-length responses (``response_mask`` all zero) get their score at index 0.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,9 +35,20 @@ import torch
 from rlforge.batch import Batch
 from rlforge.errors import RewardError
 from rlforge.registry import Registry
-from rlforge.rewards.custom import call_reward_fn, load_custom_reward_function
+from rlforge.rewards.custom import check_result, load_custom_reward_function, sample_where
+from rlforge.rewards.numeric import looks_like_float_column
 from rlforge.rewards.overlong import overlong_penalty
+from rlforge.rewards.pool import Outcome, ScorerPool
 from rlforge.rewards.rules import default_compute_score
+
+logger = logging.getLogger(__name__)
+
+MAX_WARNINGS_PER_BATCH = 8
+"""Failed samples named one per line in a batch; the rest are summed up in one more line."""
+
+SLOW_SAMPLE_S = 10.0
+"""Without ``reward_model.timeout_s``, a sample that takes longer than this (seconds) to score in the
+trainer's process gets a warning that suggests the key (it cannot be interrupted there)."""
 
 
 @dataclass
@@ -36,6 +62,7 @@ class RewardOutput:
             per key (NaN for samples that did not return that key).
         extra_text: non-numeric extra values, as strings ("" where missing).
         decoded: the decoded responses (special tokens skipped), for logging.
+        metrics: ``reward/timeouts`` and ``reward/errors``: failed samples in this batch.
     """
 
     token_level_scores: torch.Tensor
@@ -43,6 +70,7 @@ class RewardOutput:
     extra: dict[str, list[float]] = field(default_factory=dict)
     extra_text: dict[str, list[str]] = field(default_factory=dict)
     decoded: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
@@ -54,7 +82,7 @@ def last_valid_index(response_mask: torch.Tensor) -> torch.Tensor:
 
 
 class RewardManager:
-    """Scores a batch of responses with data-source rules or a custom function.
+    """Scores a batch of responses with data-source rules or a custom function (verl's ``naive``).
 
     Args:
         tokenizer: decodes ``responses``.
@@ -63,6 +91,10 @@ class RewardManager:
         reward_fn_key: ``data.reward_fn_key``: the non-tensor field passed as ``data_source``.
         overlong: ``(max_response_length, buffer_len, penalty_factor)`` to add DAPO's overlong
             penalty (:mod:`rlforge.rewards.overlong`) to every score, or None.
+        reward_kwargs: ``custom_reward_function.reward_kwargs``, extra keywords for the function.
+        timeout_s: ``reward_model.timeout_s``: per-sample limit in seconds; None = no limit.
+        failure_score: ``reward_model.failure_score``: the score of a timed-out or failed sample.
+        num_workers: ``reward_model.num_workers``: processes of the ``prime`` pool.
 
     Raises:
         RewardError: the custom file/function cannot be loaded.
@@ -75,22 +107,68 @@ class RewardManager:
         custom_name: str = "compute_score",
         reward_fn_key: str = "data_source",
         overlong: tuple[int, int, float] | None = None,
+        reward_kwargs: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        failure_score: float = 0.0,
+        num_workers: int = 1,
     ) -> None:
         self.tokenizer = tokenizer
         self.overlong = overlong
         self.reward_fn_key = reward_fn_key
+        self.timeout_s = timeout_s
+        self.failure_score = float(failure_score)
+        self.num_workers = max(1, int(num_workers))
+        self._pool: ScorerPool | None = None
+        self._warned_float_truths = False
         custom_name = custom_name or "compute_score"
         if custom_path:
-            self.fn = load_custom_reward_function(custom_path, custom_name)
+            fn: Callable[..., Any] = load_custom_reward_function(custom_path, custom_name)
             self.fn_desc = f"{custom_name}() in {custom_path}"
         else:
-            self.fn = default_compute_score
+            fn = default_compute_score
             self.fn_desc = "default_compute_score (rules by data_source)"
+        self.fn = partial(fn, **reward_kwargs) if reward_kwargs else fn
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """Decode the tokens where ``response_mask`` is 1, skipping special tokens."""
         rows = [r[m != 0].tolist() for r, m in zip(responses.cpu(), response_mask.cpu(), strict=True)]
         return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+
+    # ------------------------------------------------------------------ the part a manager changes
+
+    def _pool_of(self, num_workers: int) -> ScorerPool:
+        if self._pool is None:
+            self._pool = ScorerPool(self.fn, num_workers, self.timeout_s)
+        return self._pool
+
+    def _compute(self, samples: list[dict[str, Any]]) -> list[Outcome]:
+        """Raw outputs of the function on each sample's keywords (``data_source``, ``solution_str``,
+        ``ground_truth``, ``extra_info``): in this process, or in a one-process pool with a timeout."""
+        if self.timeout_s is not None:
+            return self._pool_of(1).map(samples)
+        out: list[Outcome] = []
+        slow: list[tuple[int, float]] = []
+        for i, s in enumerate(samples):
+            t0 = time.monotonic()
+            try:
+                out.append(Outcome(True, value=self.fn(**s)))
+            except Exception as e:  # noqa: BLE001 - the sample's error, handled in score()
+                out.append(Outcome(False, error=f"{type(e).__name__}: {e}", raised=True))
+            if (dt := time.monotonic() - t0) > SLOW_SAMPLE_S:
+                slow.append((i, dt))
+        if slow:
+            i, dt = max(slow, key=lambda x: x[1])
+            logger.warning(
+                "%s took %.1f s (%d samples of this batch over %g s) in the trainer's process; set "
+                "reward_model.timeout_s to cap each sample (it then runs in a worker process that is killed "
+                "past the limit)", sample_where(self.fn_desc, i, samples[i]["data_source"]), dt, len(slow),
+                SLOW_SAMPLE_S)
+        return out
+
+    def _postprocess(self, scores: list[float], extras: list[dict[str, Any]]) -> None:
+        """Hook for managers that add extra keys (``dapo``'s ``acc``); the default does nothing."""
+
+    # ------------------------------------------------------------------ the stage
 
     def score(self, batch: Batch) -> RewardOutput:
         """Score every response of ``batch``.
@@ -99,8 +177,8 @@ class RewardManager:
         ``<reward_fn_key>``, ``ground_truth`` and ``extra_info``.
 
         Raises:
-            RewardError: a field is missing, or a reward function fails (see
-                :func:`rlforge.rewards.custom.call_reward_fn`).
+            RewardError: a field is missing, or every sample's scorer failed with an error (the
+                message is the first sample's: index, data_source and what went wrong).
         """
         for key in (self.reward_fn_key, "ground_truth"):
             if key not in batch.non_tensor:
@@ -111,21 +189,17 @@ class RewardManager:
         decoded = self.decode(responses, mask)
         n = len(decoded)
         extra_infos = batch.non_tensor.get("extra_info")
-        scores: list[float] = []
-        extras: list[dict[str, Any]] = []
-        for i in range(n):
-            info = extra_infos[i] if extra_infos is not None else None
-            s, ex = call_reward_fn(
-                self.fn,
-                self.fn_desc,
-                i,
-                str(batch.non_tensor[self.reward_fn_key][i]),
-                decoded[i],
-                batch.non_tensor["ground_truth"][i],
-                info,
-            )
-            scores.append(s)
-            extras.append(ex)
+        sources = [str(s) for s in batch.non_tensor[self.reward_fn_key]]
+        truths = list(batch.non_tensor["ground_truth"])
+        samples = [
+            {"data_source": sources[i], "solution_str": decoded[i], "ground_truth": truths[i],
+             "extra_info": extra_infos[i] if extra_infos is not None else None}
+            for i in range(n)
+        ]
+        outcomes = self._compute(samples) if n else []
+        scores, extras, metrics = self._check(outcomes, sources)
+        self._postprocess(scores, extras)
+        self._warn_float_truths(scores, truths)
         scores_t = torch.tensor(scores, dtype=torch.float32)
         extra, extra_text = _collect_extras(extras)
         if self.overlong is not None:
@@ -137,7 +211,59 @@ class RewardManager:
         token_level = torch.zeros(responses.shape, dtype=torch.float32)
         if responses.shape[-1]:
             token_level[torch.arange(n), last_valid_index(mask.cpu())] = scores_t
-        return RewardOutput(token_level.to(responses.device), scores_t, extra, extra_text, decoded)
+        return RewardOutput(token_level.to(responses.device), scores_t, extra, extra_text, decoded, metrics)
+
+    def _check(
+        self, outcomes: list[Outcome], sources: list[str]
+    ) -> tuple[list[float], list[dict[str, Any]], dict[str, float]]:
+        """Scores and extras from raw outcomes; failures become ``failure_score`` with a warning."""
+        scores: list[float] = []
+        extras: list[dict[str, Any]] = []
+        failures: list[str] = []
+        num_timeouts = num_errors = 0
+        for i, o in enumerate(outcomes):
+            where = sample_where(self.fn_desc, i, sources[i])
+            try:
+                if o.timed_out:
+                    raise RewardError(f"{where} {o.error}")
+                if not o.ok:
+                    raise RewardError(f"{where} raised {o.error}" if o.raised else f"{where}: {o.error}")
+                s, ex = check_result(o.value, where)
+            except RewardError as e:
+                num_timeouts += o.timed_out
+                num_errors += not o.timed_out
+                failures.append(str(e))
+                s, ex = self.failure_score, {}
+            scores.append(s)
+            extras.append(ex)
+        if outcomes and num_errors == len(outcomes):
+            raise RewardError(failures[0] if len(failures) == 1 else
+                              f"{failures[0]} (and every other sample of the batch failed too)")
+        for msg in failures[:MAX_WARNINGS_PER_BATCH]:
+            logger.warning("%s; scored reward_model.failure_score=%g", msg, self.failure_score)
+        if len(failures) > MAX_WARNINGS_PER_BATCH:
+            logger.warning("... and %d more failed samples in this batch", len(failures) - MAX_WARNINGS_PER_BATCH)
+        return scores, extras, {"reward/timeouts": float(num_timeouts), "reward/errors": float(num_errors)}
+
+    def _warn_float_truths(self, scores: list[float], truths: list[Any]) -> None:
+        """One warning per manager when a batch scores all zeros and its ground truths look like floats."""
+        if self._warned_float_truths or not scores or any(s != 0 for s in scores):
+            return
+        if looks_like_float_column(truths):
+            self._warned_float_truths = True
+            logger.warning(
+                "every reward in this batch is 0 and every ground truth looks like a float (e.g. %r): column "
+                "reward_model.ground_truth was probably stored as float64 (pandas does this to an integer column "
+                "with a missing value). The built-in math rules compare numbers by value; a custom "
+                "reward function comparing strings will not match '7' to '7.0'. Write the column as strings or "
+                "integers, or compare numerically in the function.", truths[0],
+            )
+
+    def close(self) -> None:
+        """Stop the worker processes, if any were started."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 def _collect_extras(extras: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
@@ -154,23 +280,5 @@ def _collect_extras(extras: list[dict[str, Any]]) -> tuple[dict[str, list[float]
 
 
 REWARD_MANAGERS: Registry[type[RewardManager]] = Registry("reward manager", "reward_model.reward_manager")
+"""verl's reward-manager names (``reward_model.reward_manager``); entries in :mod:`rlforge.rewards.managers`."""
 REWARD_MANAGERS.register("naive")(RewardManager)
-
-
-def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
-    """Build the manager named by ``cfg.reward_model.reward_manager`` from verl's config keys
-    ``custom_reward_function.{path,name}``, ``data.reward_fn_key`` and
-    ``reward_model.overlong_buffer.{enable,len,penalty_factor}``.
-
-    Raises:
-        ConfigError: unknown ``reward_model.reward_manager``.
-        RewardError: the custom function cannot be loaded.
-    """
-    cls = REWARD_MANAGERS.get(cfg.reward_model.reward_manager)
-    custom = cfg.custom_reward_function
-    ob = cfg.reward_model.overlong_buffer
-    overlong = (int(cfg.data.max_response_length), int(ob.len), float(ob.penalty_factor)) if ob.enable else None
-    return cls(
-        tokenizer, custom_path=custom.path, custom_name=custom.name, reward_fn_key=cfg.data.reward_fn_key,
-        overlong=overlong,
-    )

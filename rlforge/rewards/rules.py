@@ -8,11 +8,13 @@ calls rules and custom functions the same way.  Add a data source with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlforge.errors import RewardError
 from rlforge.registry import Registry
 from rlforge.rewards import arithmetic, gsm8k
+from rlforge.rewards.numeric import canonical_number
 
 
 class RewardFn(Protocol):
@@ -29,7 +31,7 @@ REWARD_RULES: Registry[RewardFn] = Registry("reward rule", "data_source")
 @REWARD_RULES.register("openai/gsm8k")
 def gsm8k_strict(*, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """verl's GSM8K rule, strict mode (``#### <number>`` required)."""
-    return gsm8k.compute_score(solution_str, str(ground_truth), method="strict")
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict")
 
 
 @REWARD_RULES.register("rlforge/arithmetic")
@@ -42,7 +44,7 @@ def arithmetic_exact(
     the start (it answers "7 + 4 = 11"), so GRPO would have no signal; the final integer
     must still equal the ground truth exactly.
     """
-    return arithmetic.compute_score(solution_str, str(ground_truth), method="last_int")
+    return arithmetic.compute_score(solution_str, ground_truth, method="last_int")
 
 
 def default_compute_score(
@@ -82,3 +84,19 @@ def distribution_log_target(
     except ValueError:
         return float(spec["invalid_reward"])
     return log_target(spec, x)
+
+
+ANSWER_RULES: Registry[Callable[[str], str | None]] = Registry("answer extractor", "data_source")
+"""The final answer a rule reads from a response, by ``data_source``: validation's ``maj@N``
+votes over these (:mod:`rlforge.trainer.val_metrics`) when the reward function returns no ``pred``."""
+ANSWER_RULES.register("openai/gsm8k")(lambda text: gsm8k.extract_solution(text, method="strict"))
+ANSWER_RULES.register("rlforge/arithmetic")(lambda text: arithmetic.extract_answer(text, method="last_int"))
+
+
+def extract_answer(data_source: str, solution_str: str) -> str | None:
+    """The answer of ``solution_str`` under the rule of ``data_source``, in canonical numeric form
+    (``"7.0"`` -> ``"7"``); None when there is no answer or no extractor for that data source."""
+    if data_source not in ANSWER_RULES:
+        return None
+    answer = ANSWER_RULES.get(data_source)(solution_str)
+    return None if answer is None else canonical_number(answer)

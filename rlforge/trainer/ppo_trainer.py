@@ -217,6 +217,7 @@ class PPOTrainer:
                 self.tracker.log(last, step=self.global_step)
                 self.perf.flush()
         finally:
+            self.job.reward.close()
             self.tracker.close()
             self.perf.close()
         return last
@@ -353,6 +354,8 @@ class PPOTrainer:
             rw = job.reward.score(batch)
             m.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
             batch["token_level_scores"] = rw.token_level_scores
+            for k, v in rw.metrics.items():  # reward/timeouts, reward/errors: summed over dynamic-sampling batches
+                m[k] = m.get(k, 0.0) + v
             for k, v in rw.extra.items():
                 batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
         return batch

@@ -62,7 +62,7 @@ def _validation(first: tuple[int, dict[str, float]] | None, last: tuple[int, dic
     if first is None or last is None:
         return "no validation"
     parts = []
-    for key in sorted(last[1]):
+    for key in sorted(k for k in last[1] if not k.endswith("/std")):  # val_kwargs.n > 1: the bootstrap means only
         if key in first[1] and first[0] != last[0]:
             parts.append(f"{key} {first[1][key]:.4g} (step {first[0]}) -> {last[1][key]:.4g} (step {last[0]})")
         else:

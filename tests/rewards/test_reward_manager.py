@@ -3,37 +3,14 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from types import SimpleNamespace
+import re
 
 import pytest
 import torch
+from reward_helpers import make_batch, rm_config, write
 
-from rlforge.batch import Batch
 from rlforge.errors import ConfigError, RewardError
 from rlforge.rewards import RewardManager, build_reward_manager, last_valid_index
-
-
-def make_batch(tokenizer, texts: list[str], truths: list[str], sources: list[str], width: int = 12) -> Batch:
-    """Responses = the texts' tokens + EOS, right-padded to ``width`` (mask 0 on padding)."""
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    responses = torch.full((len(texts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(texts), width), dtype=torch.long)
-    for i, text in enumerate(texts):
-        ids = (tokenizer(text, add_special_tokens=False)["input_ids"] + [eos])[:width] if text else []
-        responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        mask[i, : len(ids)] = 1
-    extra = [{"index": i} for i in range(len(texts))]
-    return Batch.from_dict(
-        {"responses": responses, "response_mask": mask},
-        {"data_source": sources, "ground_truth": truths, "extra_info": extra},
-    )
-
-
-def write(tmp_path: Path, body: str) -> str:
-    path = tmp_path / "my_reward.py"
-    path.write_text(body)
-    return str(path)
 
 
 def test_last_valid_index() -> None:
@@ -130,11 +107,30 @@ def test_custom_import_error(smol_tokenizer, tmp_path) -> None:
         ),
         ("    return float('nan') if extra_info['index'] == 1 else 1.0\n", r"sample 1 .*returned nan"),
         ("    return float('inf') if extra_info['index'] == 1 else 1.0\n", r"sample 1 .*returned inf"),
+    ],
+)
+def test_custom_bad_result_on_one_sample(smol_tokenizer, tmp_path, caplog, body: str, pattern: str) -> None:
+    """One failing sample gets reward_model.failure_score, is counted and named in a warning."""
+    path = write(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info):\n" + body)
+    batch = make_batch(smol_tokenizer, ["1", "2"], ["1", "2"], ["src0", "src1"])
+    with caplog.at_level("WARNING", logger="rlforge.rewards.manager"):
+        out = RewardManager(smol_tokenizer, custom_path=path, failure_score=-1.0).score(batch)
+    assert out.scores.tolist() == [1.0, -1.0]
+    assert out.metrics == {"reward/timeouts": 0.0, "reward/errors": 1.0}
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert re.search(pattern, line) and "compute_score() in" in line and "failure_score=-1" in line
+
+
+@pytest.mark.parametrize(
+    ("body", "pattern"),
+    [
+        ("    raise ValueError('boom everywhere')\n", r"sample 0 \(data_source='src0'\) raised ValueError: boom"),
         ("    return {'acc': 1.0}\n", r"sample 0 .*without a 'score' key"),
         ("    return None\n", r"sample 0 .*returned NoneType"),
     ],
 )
-def test_custom_bad_results(smol_tokenizer, tmp_path, body: str, pattern: str) -> None:
+def test_custom_bad_results_on_every_sample_raise(smol_tokenizer, tmp_path, body: str, pattern: str) -> None:
+    """A function that fails on every sample of a batch is broken: one error, not silent zeros."""
     path = write(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info):\n" + body)
     batch = make_batch(smol_tokenizer, ["1", "2"], ["1", "2"], ["src0", "src1"])
     with pytest.raises(RewardError, match=pattern) as err:
@@ -159,13 +155,20 @@ def test_reward_fn_key(smol_tokenizer) -> None:
 
 def test_build_from_config(smol_tokenizer, tmp_path) -> None:
     path = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info):\n    return 2.0\n")
-    cfg = SimpleNamespace(
-        reward_model=SimpleNamespace(reward_manager="naive", overlong_buffer=SimpleNamespace(enable=False)),
-        custom_reward_function=SimpleNamespace(path=path, name="f"),
-        data=SimpleNamespace(reward_fn_key="data_source"),
-    )
+    cfg = rm_config(path)
     mgr = build_reward_manager(cfg, smol_tokenizer)
     assert mgr.score(make_batch(smol_tokenizer, ["x"], ["y"], ["z"])).scores.tolist() == [2.0]
-    cfg.reward_model.reward_manager = "prime"
-    with pytest.raises(ConfigError, match="reward_model.reward_manager"):
+    cfg.reward_model.reward_manager = "primo"
+    with pytest.raises(ConfigError) as err:
         build_reward_manager(cfg, smol_tokenizer)
+    msg = str(err.value)
+    assert "\n" not in msg and "reward_model.reward_manager" in msg and "'primo'" in msg
+    assert "Valid names: batch, dapo, naive, prime" in msg
+
+
+def test_reward_kwargs_reach_the_function(smol_tokenizer, tmp_path) -> None:
+    path = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info, scale=1.0, bonus=0.0):\n"
+                           "    return scale * len(solution_str) + bonus\n")
+    cfg = rm_config(path, reward_kwargs={"scale": 10.0, "bonus": 0.5})
+    out = build_reward_manager(cfg, smol_tokenizer).score(make_batch(smol_tokenizer, ["ab"], ["y"], ["z"]))
+    assert out.scores.tolist() == [20.5]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rlforge.errors import RewardError
-from rlforge.rewards import REWARD_RULES, default_compute_score, gsm8k
+from rlforge.rewards import REWARD_RULES, default_compute_score, extract_answer, gsm8k
 from rlforge.rewards import arithmetic as arith
+from rlforge.rewards.numeric import canonical_number, looks_like_float_column, numbers_equal
 
 
 @pytest.mark.parametrize(
@@ -19,8 +21,9 @@ from rlforge.rewards import arithmetic as arith
         ("#### 1,234$", "1234", 1.0),  # '$' after the number is not captured
         ("#### $1234", "1234", 0.0),  # verl: '$' right after '#### ' stops the match
         ("It drops by 5.\n#### -5", "-5", 1.0),  # negative
-        ("#### 2.5", "2.5", 1.0),  # decimals compared as strings
-        ("#### 2.50", "2.5", 0.0),
+        ("#### 2.5", "2.5", 1.0),
+        ("#### 2.50", "2.5", 1.0),  # numbers compared by value (verl compares strings: 0.0)
+        ("#### 2.51", "2.5", 0.0),
         ("#### 3\nwait, no.\n#### 4", "4", 1.0),  # the last #### counts
         ("#### 4\nwait, no.\n#### 3", "4", 0.0),
         ("####72", "72", 0.0),  # the space after #### is required
@@ -92,3 +95,28 @@ def test_unknown_data_source() -> None:
     msg = str(err.value)
     assert "'my/math'" in msg and "openai/gsm8k" in msg and "rlforge/arithmetic" in msg
     assert "custom_reward_function.path" in msg
+
+
+@pytest.mark.parametrize("truth", [7.0, 7, "7", "7.0", " 7 ", np.float64(7.0), np.int64(7), np.float32(7.0)])
+def test_numeric_ground_truths_compare_equal(truth) -> None:
+    """A float column (pandas writes int columns with a missing value as float64) still matches."""
+    assert default_compute_score("openai/gsm8k", "so 3 + 4 = 7\n#### 7", truth, None) == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 7.0", truth, None) == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 8", truth, None) == 0.0
+    assert default_compute_score("rlforge/arithmetic", "3 + 4 = 7", truth, None) == 1.0
+    assert arith.compute_score("7", truth) == 1.0 and arith.compute_score("07", truth) == 0.0
+
+
+def test_numeric_helpers() -> None:
+    assert canonical_number(7.0) == "7" and canonical_number("7.00") == "7" and canonical_number(2.50) == "2.5"
+    assert canonical_number("abc ") == "abc" and canonical_number(True) == "True"
+    assert numbers_equal("1,234", 1234.0) and not numbers_equal("7", "7.5") and numbers_equal("x", " x")
+    assert looks_like_float_column([7.0, np.float64(3.0)]) and looks_like_float_column(["7.0", "3.00"])
+    assert not looks_like_float_column(["7", "3.0"]) and not looks_like_float_column([]) \
+        and not looks_like_float_column([7])
+
+
+def test_extract_answer_for_majority_vote() -> None:
+    assert extract_answer("openai/gsm8k", "#### 7.0") == "7" and extract_answer("openai/gsm8k", "7") is None
+    assert extract_answer("rlforge/arithmetic", "3 + 4 = 7") == "7"
+    assert extract_answer("unknown/source", "7") is None
