@@ -96,7 +96,11 @@ class RewardManager:
         """Score every response of ``batch``.
 
         Reads tensors ``responses`` (B, R) long and ``response_mask`` (B, R), and non-tensor
-        ``<reward_fn_key>``, ``ground_truth`` and ``extra_info``.
+        ``<reward_fn_key>``, ``ground_truth`` and ``extra_info``.  After a multi-turn rollout (non-tensor
+        ``reward_scores`` and ``multi_turn/num_turns`` present) each sample's ``extra_info`` given to the
+        function is a copy with verl's ``rollout_reward_scores`` (``{tool name: calc_reward value,
+        "user_turn_rewards": [...]}``) and ``num_turns`` added; as in verl, these rewards reach the score
+        only through the function (the built-in rules ignore them).
 
         Raises:
             RewardError: a field is missing, or a reward function fails (see
@@ -113,8 +117,13 @@ class RewardManager:
         extra_infos = batch.non_tensor.get("extra_info")
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
+        rollout_scores = batch.non_tensor.get("reward_scores")
+        num_turns = batch.non_tensor.get("multi_turn/num_turns")
         for i in range(n):
             info = extra_infos[i] if extra_infos is not None else None
+            if rollout_scores is not None and num_turns is not None:
+                info = {**(info if isinstance(info, dict) else {}), "rollout_reward_scores": rollout_scores[i],
+                        "num_turns": int(num_turns[i])}
             s, ex = call_reward_fn(
                 self.fn,
                 self.fn_desc,
