@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from pathlib import Path
 
 from rlforge.data.dataset import RLDataset, template_renders_tools, tokenize_messages
 from rlforge.data.tasks import BUILTIN_TASKS
@@ -56,3 +57,22 @@ def test_template_without_tools_falls_back_with_a_warning(tiny_tokenizer, caplog
     plain = RLDataset(rows, tiny_tokenizer, 512)
     assert [x["input_ids"].tolist() for x in ds.items] == [x["input_ids"].tolist() for x in plain.items]
     assert not template_renders_tools(tiny_tokenizer, [])
+
+
+def test_prompt_tool_schemas_from_the_tool_config():
+    from rlforge.config import load_config
+    from rlforge.rollout.multi_turn.setup import prompt_tool_schemas
+    from rlforge.tools import load_tools
+
+    r = "actor_rollout_ref.rollout"
+    on = load_config(overrides=[f"{r}.name=native", f"+{r}.multi_turn.enable=true",
+                                f"+{r}.multi_turn.tool_config_path=builtin:calculator"])
+    want = [t.tool_schema.to_openai() for t in load_tools("builtin:calculator").values()]
+    assert prompt_tool_schemas(on) == want and want[0]["function"]["name"] == "calculator"
+    import yaml
+
+    import rlforge.tools
+
+    with open(Path(rlforge.tools.__file__).parent / "configs" / "calculator.yaml") as f:
+        assert want == [e["tool_schema"] for e in yaml.safe_load(f)["tools"]]  # the file's schema, as written
+    assert prompt_tool_schemas(load_config(overrides=[f"{r}.name=native"])) is None  # multi_turn off
