@@ -24,16 +24,21 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
-def tokenize_messages(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def tokenize_messages(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Token ids of ``messages`` rendered with the chat template and a generation prompt.
 
-    transformers 5 returns a ``BatchEncoding`` from ``apply_chat_template(tokenize=True)``;
-    older versions return a plain list.  Both are accepted.
+    ``tools`` (OpenAI function schemas) are passed as the template's ``tools=`` argument when given
+    (a template that ignores it renders the same ids as without).  transformers 5 returns a
+    ``BatchEncoding`` from ``apply_chat_template(tokenize=True)``; older versions return a plain
+    list.  Both are accepted.
 
     Returns:
         list of token ids ``(prompt_len,)``.
     """
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    kw = {"tools": tools} if tools else {}
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
     if isinstance(out, Mapping) or hasattr(out, "keys"):
         out = out["input_ids"]
     if isinstance(out, torch.Tensor | np.ndarray):
@@ -41,6 +46,20 @@ def tokenize_messages(tokenizer: Any, messages: list[dict[str, Any]]) -> list[in
     if out and isinstance(out[0], list):  # a batch of one
         out = out[0]
     return [int(t) for t in out]
+
+
+def template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
+    """Whether ``tokenizer``'s chat template renders ``tools`` (OpenAI function schemas): True when a
+    one-message conversation comes out differently with ``tools=`` than without.  False for no tools,
+    no chat template, or a template that raises on ``tools=``."""
+    if not tools or not getattr(tokenizer, "chat_template", None):
+        return False
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=tools, add_generation_prompt=True, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot take tools falls back to none
+        return False
+    return with_tools != tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
 
 
 def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
@@ -107,6 +126,11 @@ class RLDataset:
         prompt_key: ``data.prompt_key``, the column holding the chat messages.
         source_name: names the rows in errors when ``origins`` is not given.
         origins: per-row descriptions such as ``"train.parquet row 3"``, for error messages.
+        tools: OpenAI function schemas of the multi-turn tools (``rollout.multi_turn.tool_config_path``),
+            rendered into every prompt by the chat template's ``tools=`` argument, as verl's agent loop
+            does, when the template renders them (:func:`template_renders_tools`); otherwise a warning
+            and the prompts are rendered without them (the prompt itself must then describe the tools).
+            :attr:`tools_rendered` says which.
 
     Each item is a dict with ``input_ids`` (1-D LongTensor ``(prompt_len,)``), ``raw_prompt``
     (the messages), ``data_source`` (str), ``ground_truth`` (str; numbers are converted,
@@ -129,6 +153,7 @@ class RLDataset:
         prompt_key: str = "prompt",
         source_name: str = "dataset",
         origins: Sequence[str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ConfigError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
@@ -143,6 +168,15 @@ class RLDataset:
         self.pad_token_id: int = int(
             pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
         )
+        self.tools_rendered = bool(tools) and template_renders_tools(tokenizer, list(tools or []))
+        self.tools = list(tools or []) if self.tools_rendered else None
+        if tools and not self.tools_rendered:
+            logger.warning(
+                "%s: the tokenizer's chat template does not render tool schemas (its tools= argument changes "
+                "nothing); the prompts go without them, so describe the tools in the prompt (as "
+                "builtin:tool_arithmetic does)",
+                source_name,
+            )
         self.items: list[dict[str, Any]] = []
         self.num_filtered = 0
         self.num_truncated = 0
@@ -185,7 +219,7 @@ class RLDataset:
         gt = _ground_truth(row)
         if gt is None:
             raise DataError(f"{origin} has no reward_model.ground_truth")
-        ids = tokenize_messages(self.tokenizer, messages)
+        ids = tokenize_messages(self.tokenizer, messages, self.tools)
         if len(ids) > self.max_prompt_length:
             if filter_overlong:
                 self.num_filtered += 1

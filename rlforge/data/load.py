@@ -54,7 +54,11 @@ def load_rows(
 
 
 def load_rl_dataset(
-    files: str | Sequence[str], tokenizer: Any, data_cfg: Any, split: str = "train"
+    files: str | Sequence[str],
+    tokenizer: Any,
+    data_cfg: Any,
+    split: str = "train",
+    tools: list[dict[str, Any]] | None = None,
 ) -> RLDataset:
     """Read ``files`` and tokenize them into an :class:`RLDataset`.
 
@@ -66,6 +70,7 @@ def load_rl_dataset(
             ``builtin.{difficulty, train_size, val_size}``.
         split: ``"train"`` or ``"val"``; picks the built-in split and the key named in errors.
             ``data.<split>_max_samples`` > 0 keeps only the first that many rows (before tokenizing).
+        tools: OpenAI function schemas to render into the prompts (see :class:`RLDataset`); None = none.
 
     Raises:
         DataError, ConfigError: see :func:`load_rows` and :class:`RLDataset`.
@@ -85,4 +90,5 @@ def load_rl_dataset(
         prompt_key=str(data_cfg.prompt_key),
         source_name="data.train_files" if split == "train" else "data.val_files",
         origins=origins,
+        tools=tools,
     )

@@ -174,7 +174,11 @@ class RewardManager:
         """Score every response of ``batch``.
 
         Reads tensors ``responses`` (B, R) long and ``response_mask`` (B, R), and non-tensor
-        ``<reward_fn_key>``, ``ground_truth`` and ``extra_info``.
+        ``<reward_fn_key>``, ``ground_truth`` and ``extra_info``.  After a multi-turn rollout (non-tensor
+        ``reward_scores`` and ``multi_turn/num_turns`` present) each sample's ``extra_info`` given to the
+        function is a copy with verl's ``rollout_reward_scores`` (``{tool name: calc_reward value,
+        "user_turn_rewards": [...]}``) and ``num_turns`` added; as in verl, these rewards reach the score
+        only through the function (the built-in rules ignore them).
 
         Raises:
             RewardError: a field is missing, or every sample's scorer failed with an error (the
@@ -191,9 +195,18 @@ class RewardManager:
         extra_infos = batch.non_tensor.get("extra_info")
         sources = [str(s) for s in batch.non_tensor[self.reward_fn_key]]
         truths = list(batch.non_tensor["ground_truth"])
+        rollout_scores = batch.non_tensor.get("reward_scores")
+        num_turns = batch.non_tensor.get("multi_turn/num_turns")
+        infos: list[Any] = []
+        for i in range(n):
+            info = extra_infos[i] if extra_infos is not None else None
+            if rollout_scores is not None and num_turns is not None:  # verl: the tools' rewards reach the function
+                info = {**(info if isinstance(info, dict) else {}), "rollout_reward_scores": rollout_scores[i],
+                        "num_turns": int(num_turns[i])}
+            infos.append(info)
         samples = [
             {"data_source": sources[i], "solution_str": decoded[i], "ground_truth": truths[i],
-             "extra_info": extra_infos[i] if extra_infos is not None else None}
+             "extra_info": infos[i]}
             for i in range(n)
         ]
         outcomes = self._compute(samples) if n else []

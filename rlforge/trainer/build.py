@@ -40,7 +40,7 @@ from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.roles.fused_head import fused_head_unsupported, set_impl_backend
 from rlforge.rollout import ROLLOUTS, Rollout
-from rlforge.rollout.multi_turn.setup import maybe_multi_turn
+from rlforge.rollout.multi_turn.setup import maybe_multi_turn, prompt_tool_schemas
 from rlforge.trainer import spmd
 
 
@@ -230,11 +230,12 @@ def build_job(cfg: Any) -> Job:
     seed = int(cfg.data.seed if cfg.data.seed is not None else 1)
     tokenizer = load_tokenizer(arr.model.path, arr.model.tokenizer_path)
 
-    train_ds = load_rl_dataset(cfg.data.train_files, tokenizer, cfg.data, split="train")
+    tools = prompt_tool_schemas(cfg)  # rendered by the chat template's tools= where it renders them
+    train_ds = load_rl_dataset(cfg.data.train_files, tokenizer, cfg.data, split="train", tools=tools)
     train_loader = PromptLoader(train_ds, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
     val_loader = None
     if cfg.data.val_files:
-        val_ds = load_rl_dataset(cfg.data.val_files, tokenizer, cfg.data, split="val")
+        val_ds = load_rl_dataset(cfg.data.val_files, tokenizer, cfg.data, split="val", tools=tools)
         val_bs = cfg.data.val_batch_size or len(val_ds)
         val_loader = PromptLoader(
             val_ds, min(val_bs, len(val_ds)), shuffle=False, seed=seed, drop_last=False,

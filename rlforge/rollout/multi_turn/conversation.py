@@ -43,6 +43,7 @@ class Conversation:
     interaction_id: str | None = None
     interaction_score: float = 0.0
     tool_reward: float = 0.0
+    user_turn_rewards: list[float] = field(default_factory=list)
     _last_turn: bool = False
 
     @property
@@ -99,6 +100,7 @@ class Conversation:
             self.stop_reason = f"interaction_error: {type(e).__name__}: {e}"[:200]
             return None
         self.interaction_score = float(score or 0.0)
+        self.user_turn_rewards.append(self.interaction_score)
         if done:
             self.stop_reason = "interaction"
             return None
@@ -106,6 +108,16 @@ class Conversation:
             self.stop_reason = "max_user_turns"
             return None
         return [{"role": "user", "content": str(reply)}]
+
+    @property
+    def reward_scores(self) -> dict[str, Any]:
+        """verl's per-sample ``reward_scores``: ``{tool name: its calc_reward value}`` for every tool this
+        sample called, plus ``user_turn_rewards`` (the interaction's score of each of its turns) when the
+        sample had an interaction.  The reward function reads it as ``extra_info["rollout_reward_scores"]``."""
+        out: dict[str, Any] = dict(self.tools.reward_scores) if self.tools is not None else {}
+        if self.interaction is not None:
+            out["user_turn_rewards"] = list(self.user_turn_rewards)
+        return out
 
     def close(self) -> None:
         """Worker thread: tools' ``calc_reward`` + ``release``, the interaction's ``finalize_interaction``."""

@@ -78,6 +78,7 @@ class SampleTools:
     tools_kwargs: dict[str, Any] = field(default_factory=dict)
     instances: dict[str, str] = field(default_factory=dict)
     step_reward: float = 0.0
+    reward_scores: dict[str, Any] = field(default_factory=dict)
 
     def _kw(self, name: str, which: str) -> dict[str, Any]:
         return dict((self.tools_kwargs.get(name) or {}).get(which) or {})
@@ -134,14 +135,19 @@ class SampleTools:
         return results
 
     def close(self, timeout_s: float) -> float:
-        """``calc_reward`` then ``release`` every created instance; returns the summed rewards
-        (a tool that raises or hangs there adds 0)."""
+        """``calc_reward`` then ``release`` every created instance; returns the summed numeric rewards
+        (a tool that raises or hangs there adds 0).  Every ``calc_reward`` value, as returned (verl's
+        ``SearchTool`` returns a list of texts), is kept in :attr:`reward_scores` ``{tool name: value}``;
+        a tool that raises or hangs has no entry."""
         total = 0.0
         for name, iid in self.instances.items():
             tool = self.tools[name]
             try:
-                total += float(_in_thread(lambda t=tool, i=iid, n=name: t.calc_reward(i, **self._kw(n, "calc_reward_kwargs")))
-                               .result(timeout=timeout_s) or 0.0)
+                value = _in_thread(lambda t=tool, i=iid, n=name: t.calc_reward(i, **self._kw(n, "calc_reward_kwargs"))
+                                   ).result(timeout=timeout_s)
+                self.reward_scores[name] = value
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    total += float(value)
             except Exception:  # noqa: BLE001
                 pass
             try:

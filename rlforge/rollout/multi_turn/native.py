@@ -122,8 +122,10 @@ class MultiTurnNativeRollout(NativeRollout):
 
     The output batch is :class:`~rlforge.rollout.base.Rollout`'s, with ``attention_mask`` 1 on every
     real token (sampled or inserted), ``response_mask`` 1 on sampled tokens only, and per-row non-tensor
-    fields ``multi_turn/num_turns``, ``multi_turn/stop_reason``, ``multi_turn/tool_reward``,
-    ``multi_turn/interaction_score``.
+    fields ``multi_turn/num_turns``, ``multi_turn/stop_reason``, ``multi_turn/tool_reward`` (the sum of the
+    numeric step and ``calc_reward`` rewards), ``multi_turn/interaction_score`` and verl's ``reward_scores``
+    (:attr:`Conversation.reward_scores`; the reward manager passes it and the turn count to the reward
+    function as ``extra_info["rollout_reward_scores"]`` and ``extra_info["num_turns"]``, as verl does).
     """
 
     def __init__(self, *args: Any, tokenizer: Any, multi_turn: MultiTurnConfig, tools: dict[str, Any] | None = None,
@@ -310,6 +312,7 @@ class MultiTurnNativeRollout(NativeRollout):
         nt["multi_turn/stop_reason"] = np.array([c.stop_reason for c in convs], dtype=object)
         nt["multi_turn/tool_reward"] = np.array([c.tool_reward for c in convs], dtype=object)
         nt["multi_turn/interaction_score"] = np.array([c.interaction_score for c in convs], dtype=object)
+        nt["reward_scores"] = np.array([c.reward_scores for c in convs], dtype=object)
         tensors = {"prompts": p_ids, "responses": resp, "response_mask": rmask,
                    "input_ids": torch.cat([p_ids, resp], dim=1), "attention_mask": attn, "position_ids": pos}
         if self.calculate_log_probs:

@@ -37,6 +37,21 @@ def load_components(mt: MultiTurnConfig) -> tuple[dict[str, Any], dict[str, Any]
     return tools, interactions
 
 
+def prompt_tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
+    """The OpenAI function schemas of ``multi_turn.tool_config_path``'s tools, for the chat template's
+    ``tools=`` argument when the prompts are rendered (:class:`rlforge.data.RLDataset`), as verl's agent
+    loop renders them; None when ``multi_turn.enable`` is false or no tool config is set.
+
+    Raises:
+        ConfigError: see :func:`rlforge.tools.load_tools`.
+    """
+    mt = MultiTurnConfig.from_mapping(dict(cfg.actor_rollout_ref.rollout.multi_turn or {}))
+    if not mt.enable or not mt.tool_config_path:
+        return None
+    tools, _ = load_components(mt)
+    return [t.tool_schema.to_openai() for t in tools.values()] or None
+
+
 def maybe_multi_turn(rollout: Any, cfg: Any, tokenizer: Any) -> Any:
     """``rollout`` itself when ``multi_turn.enable`` is false, else a
     :class:`~rlforge.rollout.multi_turn.native.MultiTurnNativeRollout` with the same settings.
