@@ -89,6 +89,18 @@ def test_missing_file(smol_tokenizer, tmp_path) -> None:
         load_rl_dataset(str(tmp_path / "missing.parquet"), smol_tokenizer, data_cfg())
 
 
+def test_missing_file_names_the_key_and_folder(smol_tokenizer, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as err:
+        load_rl_dataset("data/gsm8k/test.parquet", smol_tokenizer, data_cfg(), split="val")
+    msg = str(err.value)
+    assert msg.startswith("data.val_files: data file not found: data/gsm8k/test.parquet"), msg
+    assert f"relative to the current folder {tmp_path}" in msg
+    assert "rlforge data gsm8k" in msg
+    with pytest.raises(DataError, match=r"^data.train_files: data file not found: .*m.jsonl$"):
+        load_rl_dataset(str(tmp_path / "m.jsonl"), smol_tokenizer, data_cfg())
+
+
 def test_bad_json_line_and_suffix(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(row("ok")) + "\n{not json\n")
