@@ -120,6 +120,17 @@ def test_row_without_prompt(smol_tokenizer, tmp_path) -> None:
         load_rl_dataset(path, smol_tokenizer, data_cfg())
 
 
+def test_raw_gsm8k_jsonl_names_fields_and_the_converter(smol_tokenizer, tmp_path) -> None:
+    # a user who passes GSM8K's own train.jsonl (question/answer rows) instead of the converted parquet
+    path = write_jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "2\n#### 2"}])
+    with pytest.raises(DataError) as err:
+        load_rl_dataset(path, smol_tokenizer, data_cfg())
+    msg = str(err.value)
+    assert "train.jsonl row 0 has no 'prompt' field" in msg
+    assert "its fields: question, answer" in msg
+    assert "rlforge data gsm8k --src DIR" in msg
+
+
 def test_prompt_key(smol_tokenizer, tmp_path) -> None:
     r = row("Q?")
     r["messages"] = r.pop("prompt")
