@@ -86,6 +86,8 @@ def overrides(args: argparse.Namespace, algorithm: str, out_dir: Path) -> list[s
         "algorithm.adv_estimator=grpo",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.eval_every}",
+        # full checkpoints (actor/state.pt, read by policy_probs), not the default job's [hf_model]-only save
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.resume_mode=disable",

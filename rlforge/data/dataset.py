@@ -87,9 +87,16 @@ def _ground_truth(row: dict[str, Any]) -> Any:
     return str(gt) if not (isinstance(gt, float) and math.isnan(gt)) else None
 
 
-def _check_messages(messages: Any, origin: str, prompt_key: str) -> list[dict[str, Any]]:
+def _check_messages(
+    messages: Any, origin: str, prompt_key: str, fields: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     if messages is None:
-        raise DataError(f"{origin} has no {prompt_key!r} field (data.prompt_key={prompt_key!r})")
+        msg = f"{origin} has no {prompt_key!r} field (data.prompt_key={prompt_key!r})"
+        if fields:
+            msg += f"; its fields: {', '.join(map(str, fields))}"
+        if {"question", "answer"} <= set(fields):  # the official GSM8K jsonl, not verl's format
+            msg += "; for GSM8K's own train.jsonl/test.jsonl, convert them first with `rlforge data gsm8k --src DIR --out FOLDER`"
+        raise DataError(msg)
     if isinstance(messages, np.ndarray):
         messages = messages.tolist()
     ok = (
@@ -215,7 +222,7 @@ class RLDataset:
     ) -> dict[str, Any] | None:
         if not isinstance(row, Mapping):
             raise DataError(f"{origin} is a {type(row).__name__}, expected a dict")
-        messages = _check_messages(row.get(prompt_key), origin, prompt_key)
+        messages = _check_messages(row.get(prompt_key), origin, prompt_key, list(row))
         gt = _ground_truth(row)
         if gt is None:
             raise DataError(f"{origin} has no reward_model.ground_truth")

@@ -7,13 +7,14 @@ which generates ``data.builtin.train_size`` / ``val_size`` rows at ``data.builti
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from rlforge.data.dataset import RLDataset
 from rlforge.data.readers import as_file_list, read_rows
 from rlforge.data.tasks import BUILTIN_TASKS
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, DataError
 
 DEFAULT_SEED = 1  # verl's dataloader uses seed 1 when data.seed is unset
 
@@ -47,6 +48,14 @@ def load_rows(
             rows.extend(new)
             origins.extend(f"{entry} ({split}) row {i}" for i in range(len(new)))
         else:
+            if not os.path.exists(entry):  # name the key, and where a relative path was looked for
+                where = "" if os.path.isabs(entry) else f" (relative to the current folder {os.getcwd()})"
+                hint = (
+                    "; make it with `rlforge data gsm8k --src DIR --out FOLDER` (README, GSM8K)"
+                    if "gsm8k" in entry.lower()
+                    else ""
+                )
+                raise DataError(f"{key}: data file not found: {entry}{where}{hint}")
             new, new_origins = read_rows([entry])
             rows.extend(new)
             origins.extend(new_origins)

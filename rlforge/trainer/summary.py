@@ -88,8 +88,8 @@ def _model_where(cfg: Any, out_dir: Path, step: int) -> str:
     if not folder.is_dir():
         return f"not saved (trainer.save_freq={cfg.trainer.save_freq})"
     hf = folder / "actor" / "huggingface"
-    if not hf.is_dir():
-        return str(folder)
+    if not hf.is_dir():  # a checkpoint only: say how to get a model that transformers loads
+        return f"{folder} (a checkpoint; `rlforge export {folder} --out DIR` writes a Hugging Face folder)"
     if hf_model_only(cfg.actor_rollout_ref.actor.checkpoint.save_contents):  # no checkpoint beside it
         return f"{hf} (Hugging Face folder)"
     return f"{folder} (Hugging Face folder: {hf})"

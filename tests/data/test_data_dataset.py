@@ -89,6 +89,18 @@ def test_missing_file(smol_tokenizer, tmp_path) -> None:
         load_rl_dataset(str(tmp_path / "missing.parquet"), smol_tokenizer, data_cfg())
 
 
+def test_missing_file_names_the_key_and_folder(smol_tokenizer, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as err:
+        load_rl_dataset("data/gsm8k/test.parquet", smol_tokenizer, data_cfg(), split="val")
+    msg = str(err.value)
+    assert msg.startswith("data.val_files: data file not found: data/gsm8k/test.parquet"), msg
+    assert f"relative to the current folder {tmp_path}" in msg
+    assert "rlforge data gsm8k" in msg
+    with pytest.raises(DataError, match=r"^data.train_files: data file not found: .*m.jsonl$"):
+        load_rl_dataset(str(tmp_path / "m.jsonl"), smol_tokenizer, data_cfg())
+
+
 def test_bad_json_line_and_suffix(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(row("ok")) + "\n{not json\n")
@@ -106,6 +118,17 @@ def test_row_without_prompt(smol_tokenizer, tmp_path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [row("fine"), broken])
     with pytest.raises(DataError, match=r"p.jsonl row 1 has no 'prompt' field"):
         load_rl_dataset(path, smol_tokenizer, data_cfg())
+
+
+def test_raw_gsm8k_jsonl_names_fields_and_the_converter(smol_tokenizer, tmp_path) -> None:
+    # a user who passes GSM8K's own train.jsonl (question/answer rows) instead of the converted parquet
+    path = write_jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "2\n#### 2"}])
+    with pytest.raises(DataError) as err:
+        load_rl_dataset(path, smol_tokenizer, data_cfg())
+    msg = str(err.value)
+    assert "train.jsonl row 0 has no 'prompt' field" in msg
+    assert "its fields: question, answer" in msg
+    assert "rlforge data gsm8k --src DIR" in msg
 
 
 def test_prompt_key(smol_tokenizer, tmp_path) -> None:

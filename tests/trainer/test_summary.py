@@ -65,3 +65,13 @@ def test_summary_names_the_hugging_face_folder_of_an_hf_model_only_save(tmp_path
     hf.mkdir(parents=True)
     _, where = end_lines(cfg, ["file"], 1.0, 3, None, None)
     assert where == f"rlforge train: metrics {tmp_path / 'metrics.jsonl'} | model {hf} (Hugging Face folder)"
+
+
+def test_summary_of_a_checkpoint_without_hf_model_names_the_export_command(tmp_path):
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=2",
+                       "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]"], job=None)
+    step = tmp_path / "global_step_2"
+    (step / "actor").mkdir(parents=True)
+    _, where = end_lines(cfg, ["file"], 1.0, 2, None, None)
+    assert where == (f"rlforge train: metrics {tmp_path / 'metrics.jsonl'} | model {step} "
+                     f"(a checkpoint; `rlforge export {step} --out DIR` writes a Hugging Face folder)")
