@@ -88,9 +88,13 @@ def gather_batch(batch: Batch) -> Batch:
     return Batch.concat(parts)
 
 
+SUMMED_METRICS = frozenset({"perf/total_num_tokens", "reward/timeouts", "reward/errors", "reward/judge_parse_failures"})
+"""Per-rank counts whose run-wide value is the sum over ranks (each rank scores its own samples)."""
+
+
 def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
     """Combine per-rank metrics: ``*/max`` and ``timing_s/*`` take the max, ``*/min`` the
-    min, ``perf/total_num_tokens`` the sum, everything else the mean over ranks."""
+    min, the counts of :data:`SUMMED_METRICS` the sum, everything else the mean over ranks."""
     parts = gather_objects(m)
     if len(parts) == 1:
         return m
@@ -102,7 +106,7 @@ def reduce_metrics(m: dict[str, float]) -> dict[str, float]:
             out[k] = float(vals.max())
         elif k.endswith("/min"):
             out[k] = float(vals.min())
-        elif k == "perf/total_num_tokens":
+        elif k in SUMMED_METRICS:
             out[k] = float(vals.sum())
         else:
             out[k] = float(vals.mean())
