@@ -9,7 +9,9 @@
 # rows on 1.5B and 0.5B), offload (1.5B: checkpointing with and without activation offload), offprof (profile of checkpointing + activation offload on 1.5B), e7b (7B GRPO,
 # 3 measured steps, rlforge), e2e (e2e_grpo 0.5B and 1.5B, rlforge beside TRL, 5 measured steps; E2E_MODELS,
 # E2E_ARGS), head (Triton LM-head chunk kernels: CUDA tests, head_bench.py), tph (train_throughput rows with
-# torch vs Triton head chunks), mtkv (multi_turn_kv.py), lora05 (0.5B LoRA e2e row; LORA_ARGS).
+# torch vs Triton head chunks), mtkv (multi_turn_kv.py), lora05 (0.5B LoRA e2e row; LORA_ARGS), e2eprof (profile
+# of rlforge's 0.5B e2e step, best settings), lora7b (7B LoRA rank 64, 3 steps), rm (reward-model CUDA tests and
+# rm_throughput.py).
 # Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
 set -u
 P=/tmp/eplan
@@ -91,6 +93,21 @@ step_lora05() {  # issue 19: 0.5B LoRA rank 64 e2e row (rlforge only), same sett
   timeout -k 10 500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \
     --steps 5 --warmup 1 --reps 1 --out "$P/lora05" ${LORA_ARGS:-} > "$P/lora05.txt" 2>&1
 }
+step_e2eprof() {  # issue 15: where the 0.5B update's time goes (rlforge only, best settings, one profiled extra step)
+  timeout -k 10 400 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \
+    --steps 5 --warmup 1 --reps 1 --profile --token-budget 32768 --out "$P/e2eprof" --rlforge-extra \
+    actor_rollout_ref.model.use_liger=true actor_rollout_ref.model.enable_gradient_checkpointing=false \
+    actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false > "$P/e2eprof.txt" 2>&1
+}
+step_lora7b() {  # issue 19: 7B LoRA rank 64, 3 measured steps, beside the full fine-tuning run of e7b
+  timeout -k 10 900 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-7b --skip-trl \
+    --prompts 32 --n 8 --prompt-len 256 --response-len 512 --steps 3 --warmup 1 --reps 1 --out "$P/lora7b" \
+    --rlforge-extra actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128 > "$P/lora7b.txt" 2>&1
+}
+step_rm() {  # issue 20: reward-model scoring throughput on a 1.5B-shaped model, and its CUDA tests
+  timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider tests/rewards/test_model_reward_cuda.py > "$P/rm_tests.txt" 2>&1
+  timeout -k 10 300 python3 benchmarks/rm_throughput.py > "$P/rm.txt" 2>&1
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" ${E2E_ARGS:-} > "$P/e2e.txt" 2>&1
@@ -116,7 +133,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05 step_e2eprof step_lora7b step_rm); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac
