@@ -262,9 +262,9 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         grad_b = torch.zeros(w.shape[0], **acc) if need_b and b is not None else None
         with torch.autocast(h.device.type, enabled=False):
             tk = _triton_head() if ctx.triton else None
+            with_ent = g_ent is not None
             for s in range(0, m, ctx.chunk_size):
                 e = min(m, s + ctx.chunk_size)
-                with_ent = g_ent is not None
                 if tk is not None:
                     z = torch.mm(h[s:e], w.t()) if b is None else torch.addmm(b, h[s:e], w.t())
                     gz = tk.logit_grad_(z, targets[s:e], lse[s:e], g_logp[s:e], T,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from turn_plan import TurnPlan
 
 from rlforge.models import load_causal_lm
 from rlforge.rollout.multi_turn.native import MultiTurnNativeRollout
@@ -33,7 +34,7 @@ def calculator():
     return CalculatorTool({}, parse_tool_schema(CALC_SCHEMA))
 
 
-class ScriptedRollout(MultiTurnNativeRollout):
+class ScriptedRollout(TurnPlan, MultiTurnNativeRollout):
     """``script[row]`` lists the row's model turns, each a list of ids (EOS included where the turn ends)."""
 
     def __init__(self, *args, script: dict[int, list[list[int]]], **kwargs) -> None:
@@ -43,21 +44,8 @@ class ScriptedRollout(MultiTurnNativeRollout):
         self._order: list[tuple[int, int]] = []  # (seq id, index in its current turn) per sampled row
         self._j = 0
 
-    def _plan(self, seqs) -> None:
-        self._order = []
-        for s in seqs:
-            c_start = self._turn_start.get(s.seq_id, 0)
-            self._order.append((s.seq_id, len(s.output_ids) - c_start))
-        self._j = 0
-
-    def _mixed_step(self, runner, out, params):
-        self._plan([s for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
-                    if s.num_computed_tokens + n == s.num_tokens])
-        return super()._mixed_step(runner, out, params)
-
-    def _decode_burst(self, runner, out, k, params):
-        self._plan(out.seqs)
-        return super()._decode_burst(runner, out, k, params)
+    def _turn_start_of(self, seq_id: int) -> int:
+        return self._turn_start.get(seq_id, 0)
 
     def forced(self, logits: torch.Tensor, params, generator, calc):
         lp_all = torch.log_softmax(logits.float() / max(params.temperature, 1e-6), dim=-1)

@@ -27,6 +27,7 @@ import re
 from itertools import pairwise
 
 import torch
+from turn_plan import TurnPlan
 
 from rlforge.cli import main
 from rlforge.rollout.multi_turn import native as mt_native
@@ -50,7 +51,7 @@ ARGS = [
 QUESTION = re.compile(r"What is (\d+) \* (\d+)\?")
 
 
-class ToolChoicePolicy(mt_native.MultiTurnNativeRollout):
+class ToolChoicePolicy(TurnPlan, mt_native.MultiTurnNativeRollout):
     """The agent loop with the biased tool-or-guess sampler of the module docstring."""
 
     @classmethod
@@ -83,18 +84,8 @@ class ToolChoicePolicy(mt_native.MultiTurnNativeRollout):
         self.p_tool.append((params.greedy, sum(self.choices) / len(self.choices)))
         return out
 
-    def _plan(self, seqs) -> None:
-        self._order = [(s.seq_id, len(s.output_ids) - self.turn_start.get(s.seq_id, 0)) for s in seqs]
-        self._j = 0
-
-    def _mixed_step(self, runner, out, params):
-        self._plan([s for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
-                    if s.num_computed_tokens + n == s.num_tokens])
-        return super()._mixed_step(runner, out, params)
-
-    def _decode_burst(self, runner, out, k, params):
-        self._plan(out.seqs)
-        return super()._decode_burst(runner, out, k, params)
+    def _turn_start_of(self, seq_id: int) -> int:
+        return self.turn_start.get(seq_id, 0)
 
     def _insert(self, sched, convs, seq, messages):
         super()._insert(sched, convs, seq, messages)
