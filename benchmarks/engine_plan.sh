@@ -11,7 +11,7 @@
 # E2E_ARGS), head (Triton LM-head chunk kernels: CUDA tests, head_bench.py), tph (train_throughput rows with
 # torch vs Triton head chunks), mtkv (multi_turn_kv.py), lora05 (0.5B LoRA e2e row; LORA_ARGS), e2eprof (profile
 # of rlforge's 0.5B e2e step, best settings), lora7b (7B LoRA rank 64, 3 steps), rm (reward-model CUDA tests and
-# rm_throughput.py).
+# rm_throughput.py), sync (no-host-sync CUDA test; old tree in .old/ vs new, 0.5B and 1.5B updates).
 # Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
 set -u
 P=/tmp/eplan
@@ -108,6 +108,19 @@ step_rm() {  # issue 20: reward-model scoring throughput on a 1.5B-shaped model,
   timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider tests/rewards/test_model_reward_cuda.py > "$P/rm_tests.txt" 2>&1
   timeout -k 10 300 python3 benchmarks/rm_throughput.py > "$P/rm.txt" 2>&1
 }
+step_sync() {  # issue 15: staged micro-batches (no host sync in the loop): CUDA test, then old (.old/, carried) vs new
+  timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py > "$P/sync_tests.txt" 2>&1
+  for rep in 1 2; do
+    for tree in old new; do
+      local pp=$REPO; [ $tree = old ] && pp=$REPO/.old
+      echo "## $tree rep $rep" >> "$P/sync05.txt"; echo "## $tree rep $rep" >> "$P/sync15.txt"
+      PYTHONPATH=/tmp/site:$pp timeout -k 10 150 python3 "$TT" --model qwen2.5-0.5b --tokenizer "$REPO/.tok" \
+        --head chunked --iters 3 --seqs 256 --budget 65536 --rows fsdp2-dyn-nrs-liger >> "$P/sync05.txt" 2>&1
+      PYTHONPATH=/tmp/site:$pp timeout -k 10 150 python3 "$TT" --model qwen2.5-1.5b --tokenizer "$REPO/.tok" \
+        --head chunked --iters 3 --rows fsdp2-dyn-nrs-liger >> "$P/sync15.txt" 2>&1
+    done
+  done
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" ${E2E_ARGS:-} > "$P/e2e.txt" 2>&1
@@ -133,7 +146,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05 step_e2eprof step_lora7b step_rm); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05 step_e2eprof step_lora7b step_rm step_sync); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac

@@ -34,6 +34,12 @@ def _as_object_array(values: Sequence[Any]) -> np.ndarray:
     return arr
 
 
+def _row_bound(value: Any) -> bool:
+    """A ``meta`` value tied to this batch's rows (it has ``to_device``): moved by ``Batch.to``,
+    dropped by ``Batch.select`` (it would describe the wrong rows)."""
+    return callable(getattr(value, "to_device", None))
+
+
 @dataclass
 class Batch:
     """Token tensors of shape ``(batch, ...)`` plus per-sample non-tensor fields."""
@@ -95,7 +101,7 @@ class Batch:
         return Batch(
             self.tensors.apply(rows, batch_size=[len(idx)]),
             {k: v[idx] for k, v in self.non_tensor.items()},
-            dict(self.meta),
+            {k: v for k, v in self.meta.items() if not _row_bound(v)},
         )
 
     def split(self, size: int) -> list[Batch]:
@@ -118,8 +124,10 @@ class Batch:
         return self
 
     def to(self, device: torch.device | str) -> Batch:
-        """Move the tensors to ``device`` (non-tensor fields are unchanged)."""
-        return Batch(self.tensors.to(device), self.non_tensor, self.meta)
+        """Move the tensors to ``device``, and the ``meta`` values that have a ``to_device(device)``
+        method (e.g. a packing plan); other non-tensor fields are unchanged."""
+        meta = {k: (v.to_device(device) if _row_bound(v) else v) for k, v in self.meta.items()}
+        return Batch(self.tensors.to(device), self.non_tensor, meta)
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:

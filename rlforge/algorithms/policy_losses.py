@@ -105,12 +105,13 @@ class PolicyLossOutput:
 
     Attributes:
         loss: 0-dim tensor to back-propagate (this micro-batch's share when globals are given).
-        metrics: floats for logging, e.g. ``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower``
-            (fractions in [0, 1]; ppo_kl in nats per token).
+        metrics: values for logging, floats or 0-dim tensors (read back by the engine once per
+            step), e.g. ``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower`` (fractions in [0, 1];
+            ppo_kl in nats per token).
     """
 
     loss: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, Any], PolicyLossOutput]
@@ -168,9 +169,9 @@ def compute_policy_loss_vanilla(inputs: PolicyLossInputs, config: Any) -> Policy
     pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_cap), loss_ppo)
 
     with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": float(masked_mean((loss_clipped > loss_unclipped).float(), mask)),
-            "pg_clipfrac_lower": float(masked_mean(((loss_ppo > loss_cap) & negative).float(), mask)),
-            "ppo_kl": float(masked_mean(-log_ratio, mask)),
+        metrics = {  # 0-d device tensors: the engine reads a step's metrics back in one copy
+            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), mask),
+            "pg_clipfrac_lower": masked_mean(((loss_ppo > loss_cap) & negative).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
         }
     return PolicyLossOutput(loss=inputs.agg(pg_losses), metrics=metrics)

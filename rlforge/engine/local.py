@@ -20,14 +20,15 @@ import torch
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
+from rlforge.engine.staging import metrics_to_floats, stage
 
 
-def _merge_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
+def _merge_metrics(per_micro: list[dict[str, Any]]) -> dict[str, float]:
     """Sum keys ending in ``loss`` (they are shares of the mini-batch loss); average the rest."""
     acc: dict[str, list[float]] = defaultdict(list)
-    for m in per_micro:
+    for m in metrics_to_floats(per_micro):
         for k, v in m.items():
-            acc[k].append(float(v))
+            acc[k].append(v)
     return {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}
 
 
@@ -73,14 +74,14 @@ class LocalEngine(TrainEngine):
         outs: dict[str, list[torch.Tensor]] = defaultdict(list)
         parts, restore = micro_batches(batch, micro_batch_size, max_token_len, "log_prob_max_token_len_per_gpu")
         try:
-            for mb in parts:
+            for mb in stage(parts, self.device):
                 with self.autocast():
-                    res = forward_fn(self.module, mb.to(self.device))
+                    res = forward_fn(self.module, mb)
                 for k, v in res.items():
-                    outs[k].append(v.float().cpu())
+                    outs[k].append(v.float())
         finally:
             self.module.train(was_training)
-        cat = {k: torch.cat(v, 0) for k, v in outs.items()}
+        cat = {k: torch.cat(v, 0).cpu() for k, v in outs.items()}
         return cat if restore is None else {k: v[restore] for k, v in cat.items()}
 
     def train_step(
@@ -91,11 +92,11 @@ class LocalEngine(TrainEngine):
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale(**loss_agg_globals(mini_batch["response_mask"].float()))
-        per_micro: list[dict[str, float]] = []
+        per_micro: list[dict[str, Any]] = []
         parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu")
-        for mb in parts:
+        for mb in stage(parts, self.device):
             with self.autocast():
-                loss, metrics = loss_fn(self.module, mb.to(self.device), scale)
+                loss, metrics = loss_fn(self.module, mb, scale)
             loss.backward()
             per_micro.append(metrics)
         params = [p for p in self.module.parameters() if p.requires_grad]

@@ -25,7 +25,7 @@ forward's meaningless values (both are masked by ``response_mask``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,7 +33,7 @@ from rlforge.algorithms import entropy_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.varlen import packed_attention_args
 from rlforge.roles.forward import log_probs_from_logits
-from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_rows
+from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_flat, scatter_rows
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class PackedInputs:
     ``input_ids``, ``position_ids``: ``(1, N)``, ``N = attention_mask.sum()``;
     ``packed_index``: ``(B, T)`` int64, the packed position of each padded position
     (meaningless where ``valid`` is False); ``valid``: ``(B, T)`` bool attention mask;
-    ``cu_seqlens``: ``(B + 1,)`` int32 sequence start offsets in the packed row.
+    ``cu_seqlens``: ``(B + 1,)`` int32 sequence start offsets in the packed row;
+    ``max_len``: the longest sequence (a host int), or None where it was not known on the host.
     """
 
     input_ids: torch.Tensor
@@ -51,16 +52,102 @@ class PackedInputs:
     packed_index: torch.Tensor
     valid: torch.Tensor
     cu_seqlens: torch.Tensor
+    max_len: int | None = None
+
+
+PACK_PLAN = "pack_plan"
+"""The ``Batch.meta`` key of a micro-batch's :class:`PackPlan` (dropped by ``Batch.select``)."""
+
+_POSITIONS_MSG = "position_ids of every row must count 0, 1, ... over its attention_mask == 1 tokens"
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """The index work of :func:`pack` and of the response gather, done on the host before the
+    micro-batch moves to the device, so that the forward needs no host read of a device value
+    (boolean-mask indexing, ``torch.equal`` and ``int(max)`` each wait for every queued kernel,
+    and the GPU then idles while the host queues the next ones).
+
+    ``shape``: the micro-batch's ``(B, T)``; ``flat``: ``(N,)`` int64 row-major indices of the
+    ``attention_mask == 1`` positions; ``cu_seqlens``: ``(B + 1,)`` int32; ``max_len``: the longest
+    row (int); ``packed_index``: ``(B, T)`` int64 as in :class:`PackedInputs`; ``positions_ok``:
+    whether every row's positions count ``0..len-1``; ``keep_flat``: ``(K,)`` int64 row-major
+    indices into ``(B, R)`` of the response tokens that are real (``None`` without ``responses``);
+    ``response_src``: ``(K,)`` int64, their predicting positions in the packed row.
+    """
+
+    shape: tuple[int, int]
+    flat: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_len: int
+    packed_index: torch.Tensor
+    positions_ok: bool
+    keep_flat: torch.Tensor | None = None
+    response_src: torch.Tensor | None = None
+
+    def to_device(self, device: torch.device | str) -> PackPlan:
+        """The same plan with its tensors on ``device``."""
+        mv = {k: getattr(self, k).to(device) for k in ("flat", "cu_seqlens", "packed_index", "keep_flat",
+                                                       "response_src") if getattr(self, k) is not None}
+        return replace(self, **mv)
+
+
+def make_pack_plan(mb: Batch) -> PackPlan:
+    """The :class:`PackPlan` of a micro-batch with ``attention_mask`` and ``position_ids``
+    ``(B, T)`` (and optionally ``responses (B, R)``), computed where its tensors are (the host)."""
+    valid = mb["attention_mask"].bool()
+    rows, total = valid.shape
+    lens = valid.sum(-1)
+    flat = valid.reshape(-1).nonzero().squeeze(1)
+    cu = torch.zeros(rows + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    pos = mb["position_ids"].reshape(-1).index_select(0, flat)
+    expected = torch.arange(pos.numel()) - torch.repeat_interleave(cu[:-1].long(), lens)
+    packed_index = (torch.cumsum(valid.reshape(-1).long(), 0) - 1).clamp_min(0).view_as(valid)
+    keep_flat = src = None
+    if "responses" in mb:
+        resp_len = mb["responses"].shape[1]
+        cols = slice(total - resp_len - 1, total - 1)
+        keep = valid[:, cols] & valid[:, total - resp_len:]
+        keep_flat = keep.reshape(-1).nonzero().squeeze(1)
+        src = packed_index[:, cols].reshape(-1).index_select(0, keep_flat)
+    return PackPlan((rows, total), flat, cu, int(lens.max()) if rows else 0, packed_index,
+                    bool(torch.equal(pos, expected)), keep_flat, src)
+
+
+def with_pack_plan(mb: Batch) -> Batch:
+    """``mb`` with its :class:`PackPlan` in ``meta`` (a shallow copy), when its tensors are on the
+    CPU and it has ``attention_mask`` and ``position_ids``; otherwise ``mb`` unchanged."""
+    if "attention_mask" not in mb or "position_ids" not in mb or mb["attention_mask"].device.type != "cpu":
+        return mb
+    return Batch(mb.tensors, mb.non_tensor, {**mb.meta, PACK_PLAN: make_pack_plan(mb)})
+
+
+def plan_of(mb: Batch) -> PackPlan | None:
+    """The micro-batch's :class:`PackPlan` if it has one for its current shape and device."""
+    plan = mb.meta.get(PACK_PLAN)
+    am = mb["attention_mask"]
+    if isinstance(plan, PackPlan) and plan.shape == tuple(am.shape) and plan.flat.device == am.device:
+        return plan
+    return None
 
 
 def pack(mb: Batch) -> PackedInputs:
-    """Pack ``input_ids`` / ``position_ids`` ``(B, T)`` at ``attention_mask == 1`` into one row.
+    """Pack ``input_ids`` / ``position_ids`` ``(B, T)`` at ``attention_mask == 1`` into one row
+    (with the micro-batch's :class:`PackPlan` when it has one: no host read of device values).
 
     Raises:
         ValueError: if a row's valid positions are not ``0..len-1`` (packing could not be
             detected from the position resets, and the padded forward would differ).
     """
     valid = mb["attention_mask"].bool()
+    plan = plan_of(mb)
+    if plan is not None:
+        if not plan.positions_ok:
+            raise ValueError(_POSITIONS_MSG)
+        ids = mb["input_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
+        pos = mb["position_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
+        return PackedInputs(ids, pos, plan.packed_index, valid, plan.cu_seqlens, plan.max_len)
     lens = valid.sum(-1)
     ids = mb["input_ids"][valid].unsqueeze(0)
     pos = mb["position_ids"][valid]
@@ -68,7 +155,7 @@ def pack(mb: Batch) -> PackedInputs:
     cu[1:] = torch.cumsum(lens, 0)
     expected = torch.arange(pos.numel(), device=pos.device) - torch.repeat_interleave(cu[:-1].long(), lens)
     if not torch.equal(pos, expected):
-        raise ValueError("position_ids of every row must count 0, 1, ... over its attention_mask == 1 tokens")
+        raise ValueError(_POSITIONS_MSG)
     packed_index = (torch.cumsum(valid.flatten().long(), 0) - 1).clamp_min(0).view_as(valid)
     return PackedInputs(ids, pos.unsqueeze(0), packed_index, valid, cu)
 
@@ -77,7 +164,7 @@ def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tens
     """The model's ``logits`` ``(1, N, out)`` on the packed row (attention mask left None so
     that transformers derives the block-diagonal mask from ``position_ids``, or the varlen
     arguments of :func:`~rlforge.engine.varlen.packed_attention_args`)."""
-    mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens)
+    mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
     out = module(
         input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
         **attn_kwargs,
@@ -111,8 +198,16 @@ def packed_response_log_probs(
     """
     packed = pack(mb)
     if chunk_size > 0:
-        mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens)
+        mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
         hidden = last_hidden_states(module, packed.input_ids, mask, packed.position_ids, **attn_kwargs)[0]  # (N, hidden)
+        plan = plan_of(mb)
+        if plan is not None and plan.response_src is not None and plan.keep_flat is not None:
+            targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
+            logp, ent = head_log_probs(module, hidden.index_select(0, plan.response_src), targets, temperature,
+                                       with_entropy, chunk_size)
+            shape = mb["responses"].shape
+            return (scatter_flat(plan.keep_flat, logp, shape),
+                    scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
         index, keep = _response_gather(packed, mb)
         logp, ent = head_log_probs(module, hidden[index[keep]], mb["responses"][keep], temperature, with_entropy,
                                    chunk_size)

@@ -39,6 +39,7 @@ from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
+from rlforge.engine.staging import metrics_to_floats, stage
 
 ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
 """Optimizer parameter groups, built AFTER sharding: either a function of the (sharded)
@@ -94,12 +95,12 @@ def build_param_groups(module: nn.Module, spec: ParamGroupSpec | None, base_lr: 
     return [g for g in groups if g["params"]]
 
 
-def merge_metrics(per_micro: list[dict[str, float]], device: torch.device) -> dict[str, float]:
+def merge_metrics(per_micro: list[dict[str, Any]], device: torch.device) -> dict[str, float]:
     """Micro-batch metrics of all ranks: loss shares summed then divided by the world size, the rest averaged."""
     acc: dict[str, list[float]] = defaultdict(list)
-    for m in per_micro:
+    for m in metrics_to_floats(per_micro):  # one host read for the step's tensor metrics
         for k, v in m.items():
-            acc[k].append(float(v))
+            acc[k].append(v)
     keys = sorted(acc)
     local = [sum(acc[k]) if k.endswith("loss") else sum(acc[k]) / len(acc[k]) for k in keys]
     world = get_world_size()
@@ -188,16 +189,17 @@ class ShardedEngine(TrainEngine):
         was_training = self.module.training
         self.module.eval()
         micros, order = self._split(batch, micro_batch_size, max_token_len)
+        micros = stage(micros, self.device)
         outs: dict[str, list[torch.Tensor]] = defaultdict(list)
         try:
             for mb, real in self._padded(micros):
-                res = forward_fn(self.module, mb.to(self.device))
+                res = forward_fn(self.module, mb)
                 if real:
                     for k, v in res.items():
-                        outs[k].append(v.float().cpu())
+                        outs[k].append(v.float())
         finally:
             self.module.train(was_training)
-        cat = {k: torch.cat(v, 0) for k, v in outs.items()}
+        cat = {k: torch.cat(v, 0).cpu() for k, v in outs.items()}
         if order is not None:
             flat = [int(i) for grp in order for i in (grp if isinstance(grp, list | tuple) else [grp])]
             idx = torch.tensor(flat, dtype=torch.long)
@@ -222,9 +224,10 @@ class ShardedEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.loss_scale(mini_batch)
         micros, _ = self._split(mini_batch, micro_batch_size, max_token_len)
-        per_micro: list[dict[str, float]] = []
+        micros = stage(micros, self.device)
+        per_micro: list[dict[str, Any]] = []
         for mb, real in self._padded(micros):
-            loss, metrics = loss_fn(self.module, mb.to(self.device), scale)
+            loss, metrics = loss_fn(self.module, mb, scale)
             (loss if real else loss * 0.0).backward()
             if real:
                 per_micro.append(metrics)

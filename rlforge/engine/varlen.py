@@ -89,18 +89,20 @@ def attn_implementation(module: torch.nn.Module) -> str | None:
     return getattr(cfg, "_attn_implementation", None)
 
 
-def packed_attention_args(module: torch.nn.Module, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+def packed_attention_args(module: torch.nn.Module, cu_seqlens: torch.Tensor,
+                          max_len: int | None = None) -> tuple[torch.Tensor | None, dict]:
     """``(attention_mask, extra model kwargs)`` for a packed row with sequence offsets
-    ``cu_seqlens`` ``(num_seqs + 1,)`` int32.
+    ``cu_seqlens`` ``(num_seqs + 1,)`` int32 whose longest sequence is ``max_len`` tokens.
 
     With ``rlforge_varlen``: a ``(1, 1, 1, 1)`` bool placeholder mask (so transformers builds
-    no ``(N, N)`` mask) and the ``cu_seq_lens_q/k``, ``max_length_q/k`` kwargs (one host read for
-    the longest sequence).  Otherwise ``(None, {})``: transformers derives the block-diagonal
-    mask from the position resets.
+    no ``(N, N)`` mask) and the ``cu_seq_lens_q/k``, ``max_length_q/k`` kwargs (``max_len=None``:
+    one host read of the device offsets for the longest sequence).  Otherwise ``(None, {})``:
+    transformers derives the block-diagonal mask from the position resets.
     """
     if attn_implementation(module) != ATTN_IMPLEMENTATION:
         return None, {}
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+    if max_len is None:
+        max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
     placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=cu_seqlens.device)
     kwargs = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_len,
               "max_length_k": max_len}

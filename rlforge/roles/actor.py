@@ -96,7 +96,7 @@ class Actor(LogProbModel):
         log-probs, detached entropy)`` is appended, and the detached log-probs are the old ones."""
         cfg = self.cfg
 
-        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             need_entropy = cfg.entropy_coeff != 0 or record is not None
             log_z = None
             if self.with_log_z:
@@ -126,7 +126,8 @@ class Actor(LogProbModel):
                 cfg,
             )
             loss = out.loss
-            metrics = {"pg_loss": float(out.loss.detach()), **{k: float(v) for k, v in out.metrics.items()}}
+            # detached device tensors: the engine reads every metric of the step back in one copy
+            metrics: dict[str, Any] = {"pg_loss": out.loss.detach(), **out.metrics}
             if ent is not None:
                 ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, **glob)
                 loss = loss - cfg.entropy_coeff * ent_loss
@@ -134,7 +135,7 @@ class Actor(LogProbModel):
                 kl = kl_penalty(logp, mb["ref_log_prob"], cfg.kl_loss_type)
                 kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, **glob)
                 loss = loss + cfg.kl_loss_coef * kl_term
-                metrics["kl_loss"] = float(kl_term.detach())
+                metrics["kl_loss"] = kl_term.detach()
                 metrics["kl_coef"] = float(cfg.kl_loss_coef)
             return loss, metrics
 

@@ -51,7 +51,7 @@ class Critic:
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
         data = Batch(batch.tensors.select(*keys), {}, {})
 
-        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             vpreds = self.values_fn(module, mb)
             mask = mb["response_mask"].float()
             vf_loss, vf_clipfrac = compute_value_loss(
@@ -59,9 +59,9 @@ class Critic:
                 global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs,
             )
             return vf_loss, {
-                "vf_loss": float(vf_loss.detach()),
-                "vf_clipfrac": float(vf_clipfrac),
-                "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+                "vf_loss": vf_loss.detach(),  # device tensors: read back once per step by the engine
+                "vf_clipfrac": vf_clipfrac.detach() if isinstance(vf_clipfrac, torch.Tensor) else vf_clipfrac,
+                "vpred_mean": masked_mean(vpreds.detach(), mask),
             }
 
         return run_updates(

@@ -19,7 +19,7 @@ from rlforge.algorithms import entropy_from_logits
 from rlforge.algorithms.vocab_parallel import is_vocab_parallel, vocab_parallel_log_probs
 from rlforge.batch import Batch
 from rlforge.models.log_z import PolicyWithLogZ
-from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_rows
+from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_flat, scatter_rows
 
 
 def _response_slice(mb: Batch) -> slice:
@@ -61,9 +61,19 @@ def _response_log_probs_from_hidden(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked head on the response positions of ``hidden (batch, seq, hidden_size)``;
     0 where the response token is padding."""
+    from rlforge.engine.packing import plan_of  # lazy: packing imports this module
+
+    cols = _response_slice(mb)
+    plan = plan_of(mb)
+    if plan is not None and plan.keep_flat is not None:  # host-computed indices: no host read here
+        h = hidden[:, cols].reshape(-1, hidden.shape[-1]).index_select(0, plan.keep_flat)
+        targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
+        logp, ent = head_log_probs(module, h, targets, temperature, with_entropy, chunk_size)
+        shape = mb["responses"].shape
+        return (scatter_flat(plan.keep_flat, logp, shape),
+                scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
     am = mb["attention_mask"].bool()
     resp_len = mb["responses"].shape[1]
-    cols = _response_slice(mb)
     keep = am[:, cols] & am[:, -resp_len:]
     logp, ent = head_log_probs(module, hidden[:, cols][keep], mb["responses"][keep], temperature, with_entropy,
                                chunk_size)

@@ -60,6 +60,7 @@ forward and selects only the response positions before the head.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any
 
@@ -318,6 +319,14 @@ def head_log_probs(module: nn.Module, hidden: torch.Tensor, targets: torch.Tenso
     logp, ent = ChunkedLinearLogProbs.apply(hidden, weight, bias, targets, t, int(chunk_size), with_entropy,
                                             _impl_backend)
     return logp, (ent if with_entropy else None)
+
+
+def scatter_flat(index: torch.Tensor, values: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """``shape`` float tensor holding ``values (M,)`` at the row-major positions ``index (M,)`` int64 and 0
+    elsewhere; as :func:`scatter_rows` with ``index = keep.flatten().nonzero()``, without a host read
+    (differentiable in ``values``)."""
+    flat = torch.zeros(math.prod(shape), dtype=values.dtype, device=values.device)
+    return flat.index_copy(0, index, values).view(*shape)
 
 
 def scatter_rows(keep: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

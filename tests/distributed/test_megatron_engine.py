@@ -24,6 +24,7 @@ import megatron_worker as mw  # noqa: E402
 
 from rlforge.algorithms import loss_agg_globals  # noqa: E402
 from rlforge.engine import LossScale  # noqa: E402
+from rlforge.engine.staging import metrics_to_floats  # noqa: E402
 from rlforge.roles.actor import Actor  # noqa: E402
 from rlforge.roles.forward import response_log_probs  # noqa: E402
 
@@ -156,7 +157,8 @@ def test_value_model_matches_single_process(launched):
 
         def train_step(self, data, loss_fn, micro, budget=None):
             scale = LossScale(**loss_agg_globals(data["response_mask"].float()))
-            loss, captured["metrics"] = loss_fn(critic_model, data, scale)
+            loss, metrics = loss_fn(critic_model, data, scale)
+            captured["metrics"] = metrics_to_floats([metrics])[0]  # as every engine reads them back
             loss.backward()
             return {**captured["metrics"], "grad_norm": 0.0}
 

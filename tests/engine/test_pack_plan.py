@@ -1,0 +1,108 @@
+"""The host-computed packing plan (:mod:`rlforge.engine.staging`): with it, the padding-free and the
+padded chunked-head forwards give the same log-probs, entropies and gradients as without it (the
+plan only moves index work to the host); it follows ``Batch.to`` and is dropped by ``Batch.select``;
+bad positions are still refused; and the metrics read-back keeps every value and order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlforge.batch import Batch
+from rlforge.engine.packing import PACK_PLAN, pack, packed_response_log_probs, plan_of, with_pack_plan
+from rlforge.engine.staging import metrics_to_floats, stage
+from rlforge.roles.forward import response_log_probs
+from rlforge.rollout.base import assemble
+
+EOS = 2
+R = 7
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer):
+    from rlforge.models import load_causal_lm
+
+    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=1)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_tokenizer):
+    g = torch.Generator().manual_seed(3)
+    pad = tiny_tokenizer.pad_token_id
+    p_lens, eos_at = [3, 6, 1, 5], [0, 6, 2, None]
+    width = max(p_lens)
+    ids = torch.full((4, width), pad, dtype=torch.long)
+    mask = torch.zeros((4, width), dtype=torch.long)
+    raw = torch.randint(100, 1000, (4, R), generator=g)
+    for i, (n, e) in enumerate(zip(p_lens, eos_at, strict=True)):
+        ids[i, width - n:] = torch.randint(100, 1000, (n,), generator=g)
+        mask[i, width - n:] = 1
+        if e is not None:
+            raw[i, e] = EOS
+    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
+                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+    return assemble(prompts, raw, [EOS], pad)
+
+
+def _grads(model, fn, mb):
+    model.zero_grad(set_to_none=True)
+    logp, ent = fn(model, mb, 0.7, True, 3)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("fn", [packed_response_log_probs, response_log_probs], ids=["packed", "padded"])
+def test_plan_gives_the_same_values_and_gradients(model, batch, fn):
+    planned = with_pack_plan(batch)
+    assert plan_of(planned) is not None and plan_of(batch) is None
+    ref_lp, ref_ent, ref_g = _grads(model, fn, batch)
+    lp, ent, g = _grads(model, fn, planned)
+    mask = batch["response_mask"].bool()
+    assert ref_lp[mask].std() > 1e-3  # the comparison can fail
+    torch.testing.assert_close(lp, ref_lp, atol=0, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=0, rtol=0)
+    assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    assert g.keys() == ref_g.keys() and len(g) > 3
+    for k in g:
+        torch.testing.assert_close(g[k], ref_g[k], atol=1e-6, rtol=1e-5)
+
+
+def test_plan_matches_pack_without_plan(batch):
+    a, b = pack(batch), pack(with_pack_plan(batch))
+    for f in ("input_ids", "position_ids", "packed_index", "valid", "cu_seqlens"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert b.max_len == int(batch["attention_mask"].sum(1).max()) and a.max_len is None
+
+
+def test_plan_moves_with_to_and_is_dropped_by_select(batch):
+    planned = with_pack_plan(batch)
+    moved = planned.to("cpu")
+    assert plan_of(moved) is not None
+    assert PACK_PLAN not in planned.select([0, 2]).meta  # a row subset must not keep the old plan
+    assert PACK_PLAN not in planned.split(2)[0].meta
+    staged = stage([batch.select([0, 1]), batch.select([2, 3])], torch.device("cpu"))
+    assert all(plan_of(mb) is not None and plan_of(mb).shape == tuple(mb["attention_mask"].shape) for mb in staged)
+
+
+def test_plan_refuses_bad_positions(batch):
+    b = batch.select(slice(0, len(batch)))
+    b["position_ids"] = b["position_ids"] + b["attention_mask"]
+    with pytest.raises(ValueError, match="position_ids"):
+        pack(with_pack_plan(b))
+
+
+def test_stale_plan_for_another_shape_is_ignored(batch):
+    planned = with_pack_plan(batch.select([0, 1]))
+    other = Batch(batch.tensors, batch.non_tensor, dict(planned.meta))  # 4 rows, a 2-row plan
+    assert plan_of(other) is None
+    torch.testing.assert_close(pack(other).input_ids, pack(batch).input_ids)
+
+
+def test_metrics_to_floats_keeps_values_and_order():
+    per = [{"a_loss": torch.tensor(0.25), "b": 3, "c": torch.tensor([2.5])}, {"b": 1.5, "a_loss": torch.tensor(-1.0)}]
+    out = metrics_to_floats(per)
+    assert out == [{"a_loss": 0.25, "b": 3.0, "c": 2.5}, {"b": 1.5, "a_loss": -1.0}]
+    assert [list(o) for o in out] == [list(p) for p in per]
+    assert all(type(v) is float for o in out for v in o.values())
+    with pytest.raises(ValueError, match="'v'"):
+        metrics_to_floats([{"v": torch.ones(2)}])
