@@ -185,6 +185,10 @@ def _native_only_rows(node: str) -> list[LaterWork]:
 _ARR = "actor_rollout_ref"
 
 
+def _mt(c: Any) -> dict[str, Any]:
+    return dict(c.actor_rollout_ref.rollout.multi_turn or {})
+
+
 def _model_reward_on(c: Any) -> bool:
     return bool(c.reward_model.enable or c.reward_model.judge.enable)
 
@@ -299,6 +303,10 @@ LATER_WORK: tuple[LaterWork, ...] = (
     *_fsdp_rows("critic.model.fsdp_config", "critic.strategy"),
     LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
               "{key}=True: the reference policy has no optimizer; ignored"),
+    LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: v[0] is True and not v[1] and not v[2],
+              "{key}=True without multi_turn.tool_config_path or multi_turn.interaction_config_path: there is no "
+              "tool or user turn to add, so every response is one assistant turn, as without multi_turn",
+              lambda c: (_mt(c).get("enable"), _mt(c).get("tool_config_path"), _mt(c).get("interaction_config_path"))),
     # model
     *_model_rows(f"{_ARR}.model", "policy's"),
     *_model_rows("critic.model", "critic's"),

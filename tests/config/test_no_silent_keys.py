@@ -502,6 +502,22 @@ def test_key_warning_text(key, value, text) -> None:
         assert any(key in w and text in w for w in new), new
 
 
+@pytest.mark.parametrize("extra, warned", [
+    ({}, True),  # the agent loop with nothing to call and nobody to answer: one assistant turn, as without it
+    ({"tool_config_path": "builtin:calculator"}, False),
+    ({"interaction_config_path": "interactions.yaml"}, False),
+])
+def test_multi_turn_without_tools_or_interactions_warns(extra, warned) -> None:
+    key = "actor_rollout_ref.rollout.multi_turn.enable"
+    cfg = rlforge.config.load_config()
+    assert not [w for w in later_work_warnings(cfg) if key in w]  # off by default: silent
+    cfg.actor_rollout_ref.rollout.multi_turn = {"enable": True, **extra}
+    hits = [w for w in later_work_warnings(cfg) if key in w]
+    assert bool(hits) is warned, hits
+    if warned:
+        assert "tool_config_path" in hits[0] and "one assistant turn" in hits[0]
+
+
 # ---------------------------------------------------------------------------------------------- self-checks
 
 
