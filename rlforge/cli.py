@@ -17,6 +17,7 @@ with status 2.  A run prints one start line and, at the end, a summary
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -38,6 +39,30 @@ def _quiet_libraries() -> None:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     print(f"rlforge: warning: {message}", file=sys.stderr, flush=True)
+
+
+class _LogFormat(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"rlforge: {record.levelname.lower()}: {record.getMessage()}"
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (it may be replaced after start-up)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _route_logs() -> None:
+    """rlforge's own log records (``logging.getLogger("rlforge.*")``) as ``rlforge: warning: ...`` lines on
+    stderr, like every other warning of the command."""
+    log = logging.getLogger("rlforge")
+    if not any(isinstance(h.formatter, _LogFormat) for h in log.handlers):
+        handler = _Stderr(sys.stderr)
+        handler.setFormatter(_LogFormat())
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING)  # records still propagate: a root handler (pytest's caplog, a user's) sees them
 
 
 def _print(text: str) -> None:
@@ -151,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
+    _route_logs()
     if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
         _quiet_libraries()
     try:

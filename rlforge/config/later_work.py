@@ -185,6 +185,34 @@ def _native_only_rows(node: str) -> list[LaterWork]:
 _ARR = "actor_rollout_ref"
 
 
+def _changed_leaves(value: Any, default: Any, prefix: str, cfg: Any, parent: Any = None) -> list[str]:
+    """Dotted keys under ``prefix`` whose value differs from the schema default.  A default that is an
+    interpolation (``${actor_rollout_ref.actor.ppo_epochs}``, or ``${.sibling}``) is compared with the value
+    it points at in ``cfg``, so a key that only follows another one is not reported."""
+    if dataclasses.is_dataclass(default):
+        return [k for f in dataclasses.fields(default)
+                for k in _changed_leaves(getattr(value, f.name), getattr(default, f.name), f"{prefix}.{f.name}",
+                                         cfg, value)]
+    if isinstance(default, str) and default.startswith("${") and default.endswith("}"):
+        ref = default[2:-1]
+        try:
+            default = getattr(parent, ref[1:]) if ref.startswith(".") else get_key(cfg, ref)
+        except (AttributeError, KeyError):
+            return []
+    plain = list(value) if isinstance(value, list | tuple) else value
+    return [] if plain == (list(default) if isinstance(default, list | tuple) else default) else [prefix]
+
+
+def _critic_keys_without_critic(c: Any) -> list[str]:
+    """The ``critic.*`` keys set away from their defaults in a run that trains no critic."""
+    from rlforge.config.critic import CriticConfig
+    from rlforge.config.validate import uses_critic
+
+    if uses_critic(c):
+        return []
+    return [k for k in _changed_leaves(c.critic, CriticConfig(), "critic", c) if k != "critic.enable"]
+
+
 def _mt(c: Any) -> dict[str, Any]:
     return dict(c.actor_rollout_ref.rollout.multi_turn or {})
 
@@ -303,6 +331,9 @@ LATER_WORK: tuple[LaterWork, ...] = (
     *_fsdp_rows("critic.model.fsdp_config", "critic.strategy"),
     LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
               "{key}=True: the reference policy has no optimizer; ignored"),
+    LaterWork("critic", bool,
+              "{value_list}: this run trains no critic (critic.enable, or algorithm.adv_estimator=gae, turns one "
+              "on); ignored", _critic_keys_without_critic),
     LaterWork(f"{_ARR}.rollout.multi_turn.enable", lambda v: v[0] is True and not v[1] and not v[2],
               "{key}=True without multi_turn.tool_config_path or multi_turn.interaction_config_path: there is no "
               "tool or user turn to add, so every response is one assistant turn, as without multi_turn",
@@ -415,7 +446,8 @@ def later_work_warnings(cfg: Any) -> list[str]:
     for row in LATER_WORK:
         value = row.value_of(cfg) if row.value_of else get_key(cfg, row.key)
         if row.matters(value):
-            out.append(row.message.format(key=row.key, value=value))
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+            out.append(row.message.format(key=row.key, value=value, value_list=shown))
     for name in cfg.trainer.logger:
         if name in VERL_LOGGERS:
             out.append(f"trainer.logger: '{name}' (a verl logger) is not supported by rlforge yet; skipped. "

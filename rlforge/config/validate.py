@@ -160,7 +160,7 @@ def _check_lora(cfg: RLForgeConfig) -> list[str]:
     """The LoRA keys of the policy and the critic (:func:`rlforge.models.lora.check_lora_keys`);
     LoRA is refused under ``strategy=megatron`` and runs ``strategy=fsdp`` as ``fsdp2`` (a warning;
     :func:`rlforge.models.lora.lora_strategy`).  The model-dependent checks run when it is applied."""
-    from rlforge.models.lora import check_lora_keys, lora_enabled
+    from rlforge.models.lora import adapter_path_overrides, check_lora_keys, lora_enabled
 
     out: list[str] = []
 
@@ -169,6 +169,7 @@ def _check_lora(cfg: RLForgeConfig) -> list[str]:
         ("critic.model", cfg.critic.model, "critic.strategy", cfg.critic.strategy),
     ):
         check_lora_keys(model, node)
+        out += adapter_path_overrides(model, node)
         if lora_enabled(model) and strategy == "megatron" and (node != "critic.model" or uses_critic(cfg)):
             raise ConfigError(f"{node}.lora_rank={model.lora_rank} with {strategy_key}=megatron: LoRA is not built "
                               f"for tensor/pipeline parallelism yet; use {strategy_key}=fsdp2")

@@ -145,10 +145,38 @@ def plan_from_state(state: dict[str, Any]) -> LoraPlan:
     return LoraPlan(LoraConfig(**cfg), dict(state["scaling"]), state.get("base_model", ""))
 
 
+def adapter_path_overrides(model_cfg: Any, node: str) -> list[str]:
+    """Warnings for the LoRA keys that ``lora_adapter_path`` overrides: the adapter folder's own
+    ``adapter_config.json`` sets the rank, alpha and target modules (as peft loads it), so explicit
+    ``lora_rank``/``lora_alpha``/``target_modules``/``exclude_modules`` are not used; and with
+    ``lora_rank=0`` the adapter still turns LoRA on."""
+    path = getattr(model_cfg, "lora_adapter_path", None)
+    if not path:
+        return []
+    rank = int(model_cfg.lora_rank or 0)
+    ignored = [f"{node}.lora_rank={rank}"] if rank > 0 else []
+    if int(model_cfg.lora_alpha) != DEFAULT_ALPHA:
+        ignored.append(f"{node}.lora_alpha={model_cfg.lora_alpha}")
+    for name, default in (("target_modules", "all-linear"), ("exclude_modules", None)):
+        value = _plain(getattr(model_cfg, name, default))
+        if value != default:
+            ignored.append(f"{node}.{name}={value}")
+    out = []
+    if ignored:
+        out.append(f"{node}.lora_adapter_path={path}: the adapter's own adapter_config.json sets its rank, alpha and "
+                   f"target modules; {', '.join(ignored)} ignored")
+    if rank == 0:
+        out.append(f"{node}.lora_adapter_path={path} with {node}.lora_rank=0: LoRA is on, with the adapter's own "
+                   "rank (the base model stays frozen)")
+    return out
+
+
 def _read_adapter_config(path: str, key: str) -> Any:
     from peft import LoraConfig
 
     folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ConfigError(f"{key}={path}: no such folder (expected a peft LoRA adapter folder)")
     if not (folder / "adapter_config.json").is_file():
         raise ConfigError(f"{key}={path}: no adapter_config.json there (expected a peft LoRA adapter folder)")
     try:

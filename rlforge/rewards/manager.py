@@ -214,7 +214,7 @@ class RewardManager:
         self._postprocess(scores, extras)
         self._warn_float_truths(scores, truths)
         scores_t = torch.tensor(scores, dtype=torch.float32)
-        extra, extra_text = _collect_extras(extras)
+        extra, extra_text = _collect_extras(extras, self.fn_desc)
         if self.overlong is not None:
             lengths = (mask.cpu() != 0).sum(-1)
             penalty = overlong_penalty(lengths, *self.overlong)
@@ -279,14 +279,22 @@ class RewardManager:
             self._pool = None
 
 
-def _collect_extras(extras: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+def _collect_extras(extras: list[dict[str, Any]], fn_desc: str = "the reward function"
+                    ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """Extra keys by name: numeric ones as floats (NaN where a sample has no value), others as strings.
+    A non-finite number (NaN, inf) is left out like a missing value, with one warning per key naming
+    ``fn_desc``, so it cannot reach ``reward_extra/<key>/mean``."""
     keys = sorted({k for ex in extras for k in ex})
     numeric: dict[str, list[float]] = {}
     text: dict[str, list[str]] = {}
     for k in keys:
         values = [ex.get(k) for ex in extras]
         if all(v is None or (isinstance(v, numbers.Real)) for v in values):
-            numeric[k] = [math.nan if v is None else float(v) for v in values]
+            bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(float(v))]
+            if bad:
+                logger.warning("%s returned a non-finite %r (%r) for %d of %d samples (first: sample %d); left out "
+                               "of reward_extra/%s/mean", fn_desc, k, values[bad[0]], len(bad), len(values), bad[0], k)
+            numeric[k] = [math.nan if v is None or i in bad else float(v) for i, v in enumerate(values)]
         else:
             text[k] = ["" if v is None else str(v) for v in values]
     return numeric, text

@@ -316,7 +316,10 @@ class PPOTrainer:
         ))
         for key, values in batch.non_tensor.items():
             if key.startswith("reward_extra/"):
-                m[f"{key}/mean"] = float(np.nanmean(np.asarray(values, dtype=np.float64)))
+                arr = np.asarray(values, dtype=np.float64)
+                arr = arr[np.isfinite(arr)]  # NaN = a sample without the key
+                if arr.size:
+                    m[f"{key}/mean"] = float(arr.mean())
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
         m.update(self.perf.step_metrics())

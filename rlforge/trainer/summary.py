@@ -90,8 +90,12 @@ def _model_where(cfg: Any, out_dir: Path, step: int) -> str:
     hf = folder / "actor" / "huggingface"
     if not hf.is_dir():  # a checkpoint only: say how to get a model that transformers loads
         return f"{folder} (a checkpoint; `rlforge export {folder} --out DIR` writes a Hugging Face folder)"
+    adapter = (hf / "adapter_config.json").is_file()  # LoRA: an adapter, loaded on top of its base model
     if hf_model_only(cfg.actor_rollout_ref.actor.checkpoint.save_contents):  # no checkpoint beside it
-        return f"{hf} (Hugging Face folder)"
+        return f"{hf} ({'peft adapter folder' if adapter else 'Hugging Face folder'})"
+    if adapter:
+        return (f"{folder} (peft adapter folder: {hf}; `rlforge export {folder} --out DIR --merge` writes the "
+                "merged model as a Hugging Face folder)")
     return f"{folder} (Hugging Face folder: {hf})"
 
 

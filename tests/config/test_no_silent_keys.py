@@ -518,6 +518,21 @@ def test_multi_turn_without_tools_or_interactions_warns(extra, warned) -> None:
         assert "tool_config_path" in hits[0] and "one assistant turn" in hits[0]
 
 
+def test_critic_keys_warn_when_no_critic_trains() -> None:
+    """GRPO trains no critic: critic keys set away from their defaults are named in one warning; keys that only
+    follow the actor's (``critic.ppo_epochs`` is ``${actor...ppo_epochs}``) are not; with gae they take effect."""
+    def hits(overrides: list[str]) -> list[str]:
+        return [w for w in later_work_warnings(rlforge.config.load_config(overrides)) if "trains no critic" in w]
+
+    grpo = "algorithm.adv_estimator=grpo"
+    got = hits([grpo, "critic.model.lora_rank=8", "critic.optim.lr=0.5", "critic.ppo_epochs=3"])
+    assert len(got) == 1 and all(k in got[0] for k in ("critic.model.lora_rank", "critic.optim.lr",
+                                                       "critic.ppo_epochs")), got
+    assert hits([grpo, "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.use_dynamic_bsz=true"]) == []
+    assert hits(["algorithm.adv_estimator=gae", "critic.model.lora_rank=8", "critic.optim.lr=0.5"]) == []
+    assert hits([grpo, "critic.enable=false", "critic.optim.lr=0.5"])
+
+
 # ---------------------------------------------------------------------------------------------- self-checks
 
 

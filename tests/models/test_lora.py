@@ -212,6 +212,33 @@ def test_bad_targets_and_keys(tiny_model):
     assert any("running actor_rollout_ref.actor.strategy=fsdp2" in w for w in warnings), warnings
 
 
+def test_adapter_path_overrides_explicit_keys_with_a_warning(trained, tmp_path):
+    """With ``lora_adapter_path`` the folder's adapter_config.json decides rank, alpha and targets: explicit
+    keys are named as ignored (and the adapter's own rank is what trains); a missing folder is one error."""
+    import rlforge.config
+    from rlforge.config import validate_config
+
+    folder = tmp_path / "a"
+    write_adapter_folder(folder, trained["plan"], trained["full"])
+    node = "actor_rollout_ref.model"
+    warned = validate_config(rlforge.config.load_config([
+        f"{node}.lora_adapter_path={folder}", f"{node}.lora_rank=8", f"{node}.lora_alpha=32",
+        f"{node}.target_modules=[k_proj]"]))
+    hits = [w for w in warned if "lora_adapter_path" in w]
+    assert len(hits) == 1 and all(k in hits[0] for k in (f"{node}.lora_rank=8", f"{node}.lora_alpha=32",
+                                                         "target_modules=['k_proj']", "ignored")), warned
+    warned = validate_config(rlforge.config.load_config([f"{node}.lora_adapter_path={folder}"]))
+    assert any("lora_rank=0: LoRA is on" in w for w in warned), warned
+    plain = validate_config(rlforge.config.load_config([f"{node}.lora_rank=8"]))
+    assert not [w for w in plain if "lora_adapter_path" in w]
+    cfg = SimpleNamespace(**{**vars(lora_cfg()), "lora_rank": 8, "lora_adapter_path": str(folder)})
+    plan = apply_lora(copy.deepcopy(trained["base"]), cfg, node, "preset:tiny")
+    assert plan.config.r == trained["plan"].config.r == 4  # the folder's rank, not the explicit 8
+    missing = SimpleNamespace(**{**vars(lora_cfg()), "lora_adapter_path": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match="missing: no such folder"):
+        apply_lora(copy.deepcopy(trained["base"]), missing, node, "preset:tiny")
+
+
 def test_adapter_of_another_base_is_one_error(trained, tmp_path, tiny_tokenizer):
     """An adapter folder written for preset:tiny does not fit a model of another width."""
     from rlforge.models import load_causal_lm

@@ -176,6 +176,21 @@ def test_dapo_adds_acc_and_overlong(smol_tokenizer, tmp_path) -> None:
     assert out.extra["overlong_reward"] == [min(0.0, -(int(n) - 4) / 4) for n in lengths]
 
 
+def test_non_finite_extra_is_left_out_with_one_warning(smol_tokenizer, tmp_path, caplog) -> None:
+    """A NaN/inf in a dict's extra key does not reach reward_extra/<key>: it is dropped like a missing value, and
+    one warning names the function file, the key and the first sample; finite values of the key are kept."""
+    path = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info):\n"
+                           "    i = extra_info['index']\n"
+                           "    return {'score': 1.0, 'acc': [float('nan'), 0.5, float('inf')][i]}\n")
+    mgr = RewardManager(smol_tokenizer, custom_path=path, custom_name="f")
+    with caplog.at_level(logging.WARNING, logger="rlforge.rewards.manager"):
+        out = mgr.score(make_batch(smol_tokenizer, ["1", "2", "3"], ["1", "2", "3"], ["a", "b", "c"]))
+    assert out.scores.tolist() == [1.0, 1.0, 1.0]
+    assert out.extra["acc"][1] == 0.5 and all(v != v for v in (out.extra["acc"][0], out.extra["acc"][2]))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert str(path) in line and "'acc'" in line and "2 of 3 samples" in line and "sample 0" in line
+
+
 def test_all_zero_scores_with_float_ground_truths_warn_once(smol_tokenizer, tmp_path, caplog) -> None:
     path = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info):\n"
                            "    return float(solution_str == str(ground_truth))\n")

@@ -75,3 +75,16 @@ def test_summary_of_a_checkpoint_without_hf_model_names_the_export_command(tmp_p
     _, where = end_lines(cfg, ["file"], 1.0, 2, None, None)
     assert where == (f"rlforge train: metrics {tmp_path / 'metrics.jsonl'} | model {step} "
                      f"(a checkpoint; `rlforge export {step} --out DIR` writes a Hugging Face folder)")
+
+
+def test_summary_of_a_lora_save_names_the_adapter_and_the_merge_command(tmp_path):
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=2"], job=None)
+    step = tmp_path / "global_step_2"
+    hf = step / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    _, plain = end_lines(cfg, ["file"], 1.0, 2, None, None)
+    assert plain.endswith(f"model {step} (Hugging Face folder: {hf})")
+    (hf / "adapter_config.json").write_text("{}")
+    _, where = end_lines(cfg, ["file"], 1.0, 2, None, None)
+    assert where.endswith(f"model {step} (peft adapter folder: {hf}; `rlforge export {step} --out DIR --merge` "
+                          "writes the merged model as a Hugging Face folder)")
