@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import left_padded_batch
 
 from rlforge.batch import Batch
 from rlforge.engine.packing import PACK_PLAN, pack, packed_response_log_probs, plan_of, with_pack_plan
 from rlforge.engine.staging import metrics_to_floats, stage
 from rlforge.roles.forward import response_log_probs
-from rlforge.rollout.base import assemble
 
 EOS = 2
 R = 7
@@ -27,21 +27,8 @@ def model(tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def batch(tiny_tokenizer):
-    g = torch.Generator().manual_seed(3)
-    pad = tiny_tokenizer.pad_token_id
-    p_lens, eos_at = [3, 6, 1, 5], [0, 6, 2, None]
-    width = max(p_lens)
-    ids = torch.full((4, width), pad, dtype=torch.long)
-    mask = torch.zeros((4, width), dtype=torch.long)
-    raw = torch.randint(100, 1000, (4, R), generator=g)
-    for i, (n, e) in enumerate(zip(p_lens, eos_at, strict=True)):
-        ids[i, width - n:] = torch.randint(100, 1000, (n,), generator=g)
-        mask[i, width - n:] = 1
-        if e is not None:
-            raw[i, e] = EOS
-    prompts = Batch.from_dict({"input_ids": ids, "attention_mask": mask,
-                               "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
-    return assemble(prompts, raw, [EOS], pad)
+    """4 rows: left-padded prompts of 3, 6, 1, 5 tokens; responses with EOS at 0, 6, 2 and none."""
+    return left_padded_batch(tiny_tokenizer.pad_token_id, EOS, [3, 6, 1, 5], [0, 6, 2, None], R, seed=3)
 
 
 def _grads(model, fn, mb):
