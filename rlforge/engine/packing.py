@@ -33,7 +33,13 @@ from rlforge.algorithms import entropy_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.varlen import packed_attention_args
 from rlforge.roles.forward import log_probs_from_logits
-from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_flat, scatter_rows
+from rlforge.roles.fused_head import (
+    fsdp2_view_outputs_ok,
+    head_log_probs,
+    last_hidden_states,
+    scatter_flat,
+    scatter_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -165,10 +171,11 @@ def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tens
     that transformers derives the block-diagonal mask from ``position_ids``, or the varlen
     arguments of :func:`~rlforge.engine.varlen.packed_attention_args`)."""
     mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
-    out = module(
-        input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
-        **attn_kwargs,
-    )
+    with fsdp2_view_outputs_ok():
+        out = module(
+            input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
+            **attn_kwargs,
+        )
     return out.logits
 
 

@@ -19,7 +19,13 @@ from rlforge.algorithms import entropy_from_logits
 from rlforge.algorithms.vocab_parallel import is_vocab_parallel, vocab_parallel_log_probs
 from rlforge.batch import Batch
 from rlforge.models.log_z import PolicyWithLogZ
-from rlforge.roles.fused_head import head_log_probs, last_hidden_states, scatter_flat, scatter_rows
+from rlforge.roles.fused_head import (
+    fsdp2_view_outputs_ok,
+    head_log_probs,
+    last_hidden_states,
+    scatter_flat,
+    scatter_rows,
+)
 
 
 def _response_slice(mb: Batch) -> slice:
@@ -119,8 +125,9 @@ def response_log_probs_with_log_z(
 def response_values(module: torch.nn.Module, mb: Batch) -> torch.Tensor:
     """Critic values ``(batch, response_len)`` float32: the value head's output at the
     positions that predict each response token (the state before the token)."""
-    out = module(
-        input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-        use_cache=False,
-    )
+    with fsdp2_view_outputs_ok():
+        out = module(
+            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+            use_cache=False,
+        )
     return out.logits[:, _response_slice(mb), 0].float()

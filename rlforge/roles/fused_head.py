@@ -59,9 +59,11 @@ forward and selects only the response positions before the head.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -134,16 +136,23 @@ def fused_head_unsupported(module: nn.Module) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def fsdp2_view_outputs_ok() -> Iterator[None]:
+    """Silence FSDP2's warning that the root module returned a view tensor (the embedding output among the
+    hidden states, a value model's logits): rlforge's forwards never write into a model output in place,
+    which is the case the warning is about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        yield
+
+
 def last_hidden_states(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        position_ids: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
     """The final-norm hidden states ``(batch, seq, hidden)`` of a causal LM, computed by the
     model's own ``forward`` with no logits (``logits_to_keep`` selects no position).
     ``attn_kwargs`` go to the model unchanged (e.g. the varlen ``cu_seq_lens_q/k``)."""
     none = torch.empty(0, dtype=torch.long, device=input_ids.device)
-    with warnings.catch_warnings():
-        # FSDP2 warns that the root returned a view (hidden_states[0], the embedding output);
-        # nothing here or in the model writes into it in place.
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    with fsdp2_view_outputs_ok():  # hidden_states[0], the embedding output, is a view
         out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                      output_hidden_states=True, logits_to_keep=none, **attn_kwargs)
     return out.hidden_states[-1]
