@@ -59,8 +59,9 @@ every (model, framework) run is repeated ``--reps`` times (default 3), the repet
 interleaved (rep 1 of every run, then rep 2, ...); the main table shows each one's median
 repetition by s/step and a second table min/median/max of tokens/s, s/step, gen s, train s, the
 mean response length and the generated tokens/s (response tokens per second of generation).
-TRL runs each setup of ``--trl-variants`` (:data:`TRL_VARIANTS`; default plain ``generate`` and
-transformers' continuous batching) as its own row; "vs TRL" divides by the fastest of them.
+TRL runs each setup of ``--trl-variants`` (:data:`TRL_VARIANTS`; default ``trl-fast``, the fastest TRL setup
+measured (plain ``generate``, no checkpointing, liger), and transformers' continuous batching) as its own row;
+"vs TRL" divides by the fastest of them.
 
 Each framework and model runs in its own subprocess (a fresh CUDA context): rlforge as
 ``python -m rlforge.cli train ... trainer.logger=[file]``, reading ``metrics.jsonl``; TRL as this
@@ -750,7 +751,7 @@ def main() -> int:
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids (e.g. 0,1): run the (model, framework) runs side by side, one per GPU "
                         "at a time, each alone on its GPU; default: one after another on the visible GPU")
-    p.add_argument("--trl-variants", default="trl,trl-cb",
+    p.add_argument("--trl-variants", default="trl-fast,trl-cb",
                    help=f"comma-separated TRL setups, each its own row: {', '.join(TRL_VARIANTS)}")
     p.add_argument("--reps", type=int, default=3,
                    help="interleaved repetitions of every run (the table shows the median one; min/median/max apart)")
