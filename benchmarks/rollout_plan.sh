@@ -14,6 +14,8 @@
 #                       halves, static cache + compile, continuous batching x3) beside the native engine
 #   longtail  (~4 min)  0.5B long-tail workload (mean 500, p99 3000, max 4096, 512 prompts): generate, static
 #                       cache + compile, continuous batching, native
+#   prof      (~2 min)  --step-profile: whole captured decode steps (0.5B, 7B at B=1,16,64 x 8k), kernels per step
+#   base      (~9 min)  0.5B random x1024 and long tail: native beside generate (batch 1024) and continuous batching
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -52,6 +54,14 @@ step_longtail() {
     --longtail-hf-setups generate,static-compile,cb --hf-max-time 240 --variants triton-graph \
     --json "$P/longtail.json" > "$P/longtail.txt" 2>&1
 }
+step_prof() {
+  timeout -k 5 300 python3 "$RT" --step-profile > "$P/prof.txt" 2>&1
+}
+step_base() {
+  timeout -k 60 720 python3 "$RT" --models qwen2.5-0.5b --workloads random longtail --skip-grpo --hf-batch 1024 \
+    --hf-setups generate,cb --longtail-hf-setups cb --hf-max-time 240 --variants triton-graph \
+    --json "$P/base.json" > "$P/base.txt" 2>&1
+}
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
     --big-max-num-seqs 256 1024 --json "$P/big.json" > "$P/big.txt" 2>&1
@@ -75,7 +85,7 @@ collect() {
   for f in "$P"/*.txt; do
     [ -f "$f" ] && [ "$(basename "$f")" != progress.txt ] || continue
     echo "=== $f"
-    if grep -q "^| " "$f"; then grep "^| \|^device\|failed\|passed\|error" "$f" | cut -c1-260 | tail -70
+    if grep -q "^| " "$f"; then grep "^| \|^###\|^device\|failed\|passed\|error" "$f" | cut -c1-260 | tail -120
     else tail -15 "$f" | cut -c1-260; fi
   done
 }

@@ -312,33 +312,60 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
         _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
 
 
-def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidths) -> None:
-    """One whole decode step (CUDA graph of the model runner) at ``b`` rows of ``ctx`` cached
-    tokens for each ``b`` in ``sizes``, unsplit and with the automatic split choice, against the
-    step's floor (spec bandwidth).  The unsplit rows replace the split choice by 1 for the capture."""
+def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None):
+    """A captured whole decode step (:class:`DecodeGraphs` of the model runner) at ``b`` rows of
+    ``ctx`` cached tokens behind shuffled block tables, and the split choice it was captured
+    with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1)."""
     from unittest import mock
 
     import rlforge.rollout.native.triton_attention as ta
     from rlforge.rollout.native.cuda_graph import DecodeGraphs
-    from rlforge.rollout.native.kv_cache import KVCache
-    from rlforge.rollout.native.model_runner import ModelRunner, ModelSpec
+    from rlforge.rollout.native.model_runner import ModelRunner
 
+    per_row = -(-(ctx + 1) // bs)
+    runner = ModelRunner(model, cache, "triton")
+    with mock.patch.object(ta, "auto_num_splits", splits_patch) if splits_patch else contextlib.nullcontext():
+        splits = ta.auto_num_splits(b, runner.spec.num_kv_heads, per_row * bs, torch.device("cuda"))
+        graphs = DecodeGraphs(runner, [b], per_row, b * per_row * bs)
+        buf = graphs.buf
+        buf.block_tables[:b] = torch.randperm(b * per_row, device="cuda", dtype=torch.int32).view(b, per_row)
+        buf.context_lens[:b] = ctx + 1  # the new token's K/V is written, then read with the context
+        buf.positions[:b] = ctx
+        page = buf.block_tables[:b, ctx // bs].long()
+        buf.slot_mapping[:b] = page * bs + ctx % bs
+        buf.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
+        graphs.replay(b)  # captured here, under the patch
+    return graphs, splits
+
+
+def _step_cache(model, b: int, ctx: int, bs: int = 16):
+    from rlforge.rollout.native.kv_cache import KVCache
+    from rlforge.rollout.native.model_runner import ModelSpec
+
+    spec = ModelSpec.from_module(model)
+    cache = KVCache.allocate(spec.num_layers, b * -(-(ctx + 1) // bs) + 1, bs, spec.num_kv_heads, spec.head_dim,
+                             torch.bfloat16, torch.device("cuda"))
+    cache.data.normal_()
+    return cache
+
+
+def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidths) -> None:
+    """One whole decode step (CUDA graph of the model runner) at ``b`` rows of ``ctx`` cached
+    tokens for each ``b`` in ``sizes``, unsplit and with the automatic split choice, against the
+    step's floor (spec bandwidth).  The unsplit rows replace the split choice by 1 for the capture."""
     try:
         model = build(name)
     except Exception as e:  # noqa: BLE001
         print(f"| decode step | {name} | failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]} |||||")
         return
-    spec, cost, bs = ModelSpec.from_module(model), ModelCost.of(model), 16
+    cost, bs = ModelCost.of(model), 16
     for b in sizes:
-        ctx_read = ctx + 1  # the new token's K/V is written, then read with the context
-        per_row = -(-ctx_read // bs)
+        ctx_read = ctx + 1
         nbytes = cost.weight_bytes + b * cost.embed_row_bytes + b * ctx_read * cost.kv_bytes_per_token
         floor_spec = step_floor(cost, b, ctx_read, bw.spec)
         shape = f"{name} B={b} ctx={ctx}"
         try:
-            cache = KVCache.allocate(spec.num_layers, b * per_row + 1, bs, spec.num_kv_heads, spec.head_dim,
-                                     torch.bfloat16, torch.device("cuda"))
-            cache.data.normal_()
+            cache = _step_cache(model, b, ctx, bs)
         except Exception as e:  # noqa: BLE001
             print(f"| decode step | {shape} | failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]} "
                   "|||||")
@@ -347,18 +374,7 @@ def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidth
         for label, patch in (("unsplit", lambda *a, **k: 1), ("auto split", None)):
             graphs = None
             try:
-                with mock.patch.object(ta, "auto_num_splits", patch) if patch else contextlib.nullcontext():
-                    splits = ta.auto_num_splits(b, spec.num_kv_heads, per_row * bs, torch.device("cuda"))
-                    graphs = DecodeGraphs(ModelRunner(model, cache, "triton"), [b], per_row, b * per_row * bs)
-                    buf = graphs.buf
-                    buf.block_tables[:b] = torch.randperm(b * per_row, device="cuda",
-                                                          dtype=torch.int32).view(b, per_row)
-                    buf.context_lens[:b] = ctx_read
-                    buf.positions[:b] = ctx
-                    page = buf.block_tables[:b, ctx // bs].long()
-                    buf.slot_mapping[:b] = page * bs + ctx % bs
-                    buf.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
-                    graphs.replay(b)  # captured here, under the patch
+                graphs, splits = _captured_step(model, cache, b, ctx, bs, patch)
                 _kernel_row(f"decode step {label} (splits={splits})", shape, lambda g=graphs, b=b: g.replay(b), nbytes, bw,
                             floor_spec)
             except Exception as e:  # noqa: BLE001
@@ -370,6 +386,46 @@ def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidth
         torch.cuda.empty_cache()
     del model
     torch.cuda.empty_cache()
+
+
+def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20) -> None:
+    """Where one captured decode step's time goes: each model in ``names`` at each batch in
+    ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
+    torch.profiler, their kernels summed per name and divided by ``replays`` (us per step)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    for name in names:
+        model = build(name)
+        cost = ModelCost.of(model)
+        for b in sizes:
+            cache = _step_cache(model, b, ctx)
+            graphs, splits = _captured_step(model, cache, b, ctx, 16)
+            t = cuda_time(lambda g=graphs, b=b: g.replay(b), 10)
+            floor = step_floor(cost, b, ctx + 1, bw.spec)
+            with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(replays):
+                    graphs.replay(b)
+                torch.cuda.synchronize()
+            per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+            for ev in prof.events():
+                if ev.device_type.name == "CUDA" and ev.device_time > 0:
+                    per[ev.name[:90]][0] += 1
+                    per[ev.name[:90]][1] += ev.device_time
+            busy = sum(v[1] for v in per.values()) / replays
+            n = sum(v[0] for v in per.values()) / replays
+            print(f"\n### decode step {name} B={b} ctx={ctx} splits={splits}: {t * 1e6:.0f} us/step (floor "
+                  f"{floor * 1e6:.0f} us, frac {floor / t:.2f}); kernels {n:.0f}/step, busy {busy:.0f} us/step, "
+                  f"gaps {t * 1e6 - busy:.0f} us/step", flush=True)
+            print("| kernel | calls/step | us/step | us/call | % busy |\n|---|---|---|---|---|")
+            for k, (c, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:14]:
+                print(f"| {k} | {c / replays:.0f} | {us / replays:.1f} | {us / c:.2f} | {100 * us / replays / busy:.1f} |")
+            del graphs, cache
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
 
 
 def kernel_bench(bw: Bandwidths, step_models: list[str]) -> None:
@@ -447,6 +503,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=_positive, default=512)
+    ap.add_argument("--step-profile", action="store_true",
+                    help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
     ap.add_argument("--kernels", action="store_true",
                     help="time the decode attention kernels, whole decode steps at 8k context and sampling, and exit")
@@ -593,6 +651,10 @@ def main() -> None:
     bw = Bandwidths()
     if args.kernels:
         kernel_bench(bw, args.kernel_step_models)
+        return
+    if args.step_profile:
+        print(bw.line(), flush=True)
+        step_profile(args.kernel_step_models, (1, 16, 64), 8192, bw)
         return
     if args.profile:
         model = build(args.models[0])
