@@ -388,6 +388,51 @@ def _decode_step_rows(name: str, sizes: tuple[int, ...], ctx: int, bw: Bandwidth
     torch.cuda.empty_cache()
 
 
+def _attention_graph_s(q, sets, cl, scale: float, **kw) -> float:
+    """Seconds per paged decode attention call, as a CUDA graph of 8 calls over rotating caches."""
+    from rlforge.rollout.native.triton_attention import paged_decode_attention
+
+    def calls() -> None:
+        for i in range(8):
+            kc, vc, bt = sets[i % len(sets)]
+            paged_decode_attention(q, kc, vc, bt, cl, scale, **kw)
+
+    calls()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        calls()
+    return cuda_time(g.replay, 5) / 8
+
+
+def attention_sweep(bw: Bandwidths) -> None:
+    """Decode attention launch settings (splits x pages per tile x warps) at the shapes where
+    the decode step is slowest against its floor, each timed as a CUDA graph of 8 calls over
+    rotating caches (no Python launch cost, no L2 reuse), as the captured decode step runs it."""
+    from rlforge.rollout.native.triton_attention import auto_num_splits
+
+    print("| shape | splits | pages/tile | warps | us/call | frac of spec bw |\n|---|---|---|---|---|---|")
+    for name, h, kvh, d, b, ctx, splits in (
+        ("0.5b", 14, 2, 64, 16, 8192, (4, 8, 16, 32)), ("0.5b", 14, 2, 64, 1, 8192, (16, 32, 64)),
+        ("0.5b", 14, 2, 64, 64, 8192, (2, 4, 8)), ("7b", 28, 4, 128, 16, 8192, (4, 8, 16)),
+        ("0.5b", 14, 2, 64, 1024, 512, (1,)), ("7b", 28, 4, 128, 256, 640, (1,)),
+    ):
+        sets, cl, nbytes = _paged_kv(b, ctx, kvh, d)
+        q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+        auto = auto_num_splits(b, kvh, sets[0][2].shape[1] * 16, q.device)
+        for s in splits:
+            for pages in (4, 8, 16):
+                for warps in (2, 4, 8):
+                    try:
+                        t = _attention_graph_s(q, sets, cl, d ** -0.5, pages_per_tile=pages, num_splits=s,
+                                               num_warps=warps)
+                        print(f"| {name} B={b} ctx={ctx} | {s}{' (auto)' if s == auto else ''} | {pages} | {warps} | "
+                              f"{t * 1e6:.1f} | {_frac(nbytes, t, bw.spec)} |", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"| {name} B={b} ctx={ctx} | {s} | {pages} | {warps} | failed: {type(e).__name__} | |")
+        del sets
+        torch.cuda.empty_cache()
+
+
 def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20) -> None:
     """Where one captured decode step's time goes: each model in ``names`` at each batch in
     ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
@@ -503,6 +548,10 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=_positive, default=512)
+    ap.add_argument("--attention-sweep", action="store_true",
+                    help="time decode attention launch settings (splits, pages per tile, warps) in CUDA graphs and exit")
+    ap.add_argument("--step-sizes", type=_positive, nargs="+", default=[1, 16, 64],
+                    help="batch sizes for --step-profile (contexts: 8k, or 512 from batch 256 up)")
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
@@ -654,7 +703,12 @@ def main() -> None:
         return
     if args.step_profile:
         print(bw.line(), flush=True)
-        step_profile(args.kernel_step_models, (1, 16, 64), 8192, bw)
+        for b in args.step_sizes:
+            step_profile(args.kernel_step_models, (b,), 512 if b >= 256 else 8192, bw)
+        return
+    if args.attention_sweep:
+        print(bw.line(), flush=True)
+        attention_sweep(bw)
         return
     if args.profile:
         model = build(args.models[0])

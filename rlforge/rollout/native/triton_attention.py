@@ -127,12 +127,14 @@ def auto_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, pages_per_tile: int | None = None, num_splits: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``q: [B, H, D]``, caches ``[num_blocks, block_size, KVH, D]`` (contiguous in the last
     three dims), ``block_tables: [B, max_blocks]`` int32, ``context_lens: [B]`` int32 ->
     ``[B, H, D]`` in ``q.dtype``.  ``q``'s dtype must equal the cache's.  ``num_splits``:
     context splits (None = automatic, see the module docstring; 1 = the unsplit kernel).
-    Raises ValueError for ``num_splits < 1``."""
+    ``pages_per_tile`` (cache blocks per loop step, None = 64 tokens) and ``num_warps`` are
+    launch settings that change the speed, not the result.  Raises ValueError for ``num_splits < 1``."""
     b, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     group = h // kvh
@@ -158,7 +160,7 @@ def paged_decode_attention(
         h,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
         BLOCK_SIZE=bs, PAGES=pages_per_tile, NUM_SPLITS=num_splits,
-        num_warps=4,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         pad = max(2, triton.next_power_of_2(num_splits))
