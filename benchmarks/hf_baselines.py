@@ -15,8 +15,12 @@ same length, so no padding).  The issue-17 call is ``generate``::
 ``generate-noeos`` add only one of the two, so the table shows which costs the time.
 ``static-compile`` adds ``cache_implementation="static"`` (transformers then compiles the
 forward itself on CUDA).  Each generate row is warmed up untimed by the same call on the same
-batch, stopped after 8 steps by a stopping criterion (the cache shapes and compiled graphs are
-those of the measured call).
+batch: the whole call where every row has the same length (the random workload), stopped after
+8 steps by a stopping criterion on the long tail (a whole warm-up call there would double a run of
+minutes).  The whole-call warm-up matters: in a fresh process the first full-length call at batch
+1024 ran at 11.7k tokens/s and the next at 32.7k-41.0k (``hf_baseline_check.py``, 2026-12-01),
+because the dynamic cache's growing tensors go to ``cudaMalloc`` until PyTorch's allocator holds
+blocks of every size; a generate loop in RL training runs warm.
 
 ``cb`` setups use transformers' continuous batching: ``init_continuous_batching`` and its
 manager (warm-up untimed, then ``add_request`` per prompt with its own ``max_new_tokens``,
@@ -118,6 +122,10 @@ HF_SETUPS: dict[str, HFSetup] = {
     "cb": HFSetup("cb", "continuous batching, default ContinuousBatchingConfig"),
     "cb-compile": HFSetup("cb", "continuous batching, default_compile_level=1", {"default_compile_level": 1}),
     "cb-nographs": HFSetup("cb", "continuous batching without CUDA graphs", {"use_cuda_graph": False}),
+    "cb-graphs": HFSetup("cb", "continuous batching with CUDA graphs forced on (the default turns them off "
+                         "when the attention needs a mask, as sdpa does)", {"use_cuda_graph": True}),
+    "cb-graphs-compile": HFSetup("cb", "continuous batching, CUDA graphs on and default_compile_level=1",
+                                 {"use_cuda_graph": True, "default_compile_level": 1}),
     "cb-noflash": HFSetup("cb", "continuous batching on the model's own attention (no switch to flash)",
                           {"auto_switch_to_flash": False}),
 }
@@ -144,7 +152,10 @@ def _generate(model, setup: HFSetup, ids: torch.Tensor, lengths: np.ndarray, fix
     if setup.mask:
         kw["attention_mask"] = torch.ones_like(ids)
     eos = _eos_list(kw["eos_token_id"]) if "eos_token_id" in kw else _eos_list(model.generation_config.eos_token_id)
-    model.generate(ids, **kw, stopping_criteria=StoppingCriteriaList([_StopAfter(prompt_len, 8)]))  # warm-up
+    if fixed:  # warm-up: the whole call (see the module docstring)
+        model.generate(ids, **kw)
+    else:
+        model.generate(ids, **kw, stopping_criteria=StoppingCriteriaList([_StopAfter(prompt_len, 8)]))
     if max_time is not None:
         kw["max_time"] = max_time
     _sync(ids.device)

@@ -18,6 +18,9 @@
 #   base      (~9 min)  0.5B random x1024 and long tail: native beside generate (batch 1024) and continuous batching
 #   diag      (~6 min)  hf_baseline_check.py (generate and continuous batching in a fresh process, then after a
 #                       native run), the decode-attention launch sweep, decode steps at B=256 and 1024 x 512
+#   fair      (~8 min)  0.5B random x1024: native (median of 3 runs) beside generate at batch 1024 (whole-call
+#                       warm-up) and continuous batching (default, CUDA graphs forced, + compile) on its first
+#                       128 prompts; the long tail, native only (median of 3)
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -68,6 +71,13 @@ step_diag() {
   timeout -k 5 300 python3 "$REPO/benchmarks/hf_baseline_check.py" --cb-prompts 128 > "$P/diag_hf.txt" 2>&1
   timeout -k 5 240 python3 "$RT" --attention-sweep > "$P/diag_attn.txt" 2>&1
   timeout -k 5 150 python3 "$RT" --step-profile --step-sizes 256 1024 > "$P/diag_steps.txt" 2>&1
+}
+step_fair() {
+  timeout -k 30 380 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
+    --hf-setups generate,cb-graphs@128,cb@128,cb-graphs-compile@128 --variants triton-graph --native-reps 3 \
+    --json "$P/fair.json" > "$P/fair.txt" 2>&1
+  timeout -k 10 100 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
+    --variants triton-graph --native-reps 3 --json "$P/fair_lt.json" > "$P/fair_lt.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

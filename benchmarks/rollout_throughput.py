@@ -548,6 +548,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--new-tokens", type=_positive, default=512)
+    ap.add_argument("--native-reps", type=_positive, default=1,
+                    help="native runs per row (random and long tail); the row is the median run, with min and max")
     ap.add_argument("--attention-sweep", action="store_true",
                     help="time decode attention launch settings (splits, pages per tile, warps) in CUDA graphs and exit")
     ap.add_argument("--step-sizes", type=_positive, nargs="+", default=[1, 16, 64],
@@ -610,15 +612,20 @@ def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[tupl
     return rows
 
 
-def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCost, bw: Bandwidths, **kw) -> Row:
+def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCost, bw: Bandwidths, reps: int = 1,
+                **kw) -> Row:
     attn, mode, *rest = v.split("-")
     fs, fc = floors(cost, wl.lengths, mns, bw)
 
     def go():
-        tokens, sec, m = run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
-                                    fused_kernels=False if "unfused" in rest else None,
-                                    pack_weights=False if "unpacked" in rest else None, **kw)
+        runs = [run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
+                           fused_kernels=False if "unfused" in rest else None,
+                           pack_weights=False if "unpacked" in rest else None, **kw) for _ in range(reps)]
+        secs = sorted(r[1] for r in runs)
+        tokens, sec, m = runs[[r[1] for r in runs].index(secs[len(secs) // 2])]  # the median run
         note = phases(m)
+        if reps > 1:
+            note = f"median of {reps} runs (min {secs[0]:.2f} s, max {secs[-1]:.2f} s); {note}"
         if "enable_prefix_caching" in kw:
             note = f"prefix hits {m['rollout/prefix_hit_blocks']:.0f} blocks; {note}"
         return tokens, sec, note, decode_step_frac(fs, m)
@@ -659,7 +666,7 @@ def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths, rows: list[
             continue
         for mns in sizes:
             for v in variants:
-                rows.append(_native_row(model, name, wl, v, mns, cost, bw))
+                rows.append(_native_row(model, name, wl, v, mns, cost, bw, reps=args.native_reps))
         if small:
             rows += _hf_rows(model, name, wl, hf_sizes, hf_setups, cost, bw, args.hf_max_time)
     del model
