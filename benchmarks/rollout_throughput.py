@@ -592,9 +592,9 @@ def _args() -> argparse.Namespace:
 
 
 def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[tuple[str, list[int] | None]],
-             cost: ModelCost, bw: Bandwidths, max_time: float) -> list[Row]:
-    """One row per (setup, batch size); a setup's own sizes (``SETUP@a:b``) replace ``sizes``."""
-    rows = []
+             cost: ModelCost, bw: Bandwidths, max_time: float, rows: list[Row]) -> None:
+    """Append one row per (setup, batch size) to ``rows`` as each is measured (a run stopped by
+    its time limit keeps them); a setup's own sizes (``SETUP@a:b``) replace ``sizes``."""
     for setup, own in setups:
         for b in own or sizes:
             part = wl.head(b)
@@ -609,7 +609,6 @@ def _hf_rows(model, name: str, wl: Workload, sizes: list[int], setups: list[tupl
             if not row.failed:
                 row.floor_spec_s, row.floor_copy_s = (f.total_s for f in floors(cost, part.lengths, b, bw))
             rows.append(row)
-    return rows
 
 
 def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCost, bw: Bandwidths, reps: int = 1,
@@ -668,7 +667,7 @@ def _model_rows(name: str, args: argparse.Namespace, bw: Bandwidths, rows: list[
             for v in variants:
                 rows.append(_native_row(model, name, wl, v, mns, cost, bw, reps=args.native_reps))
         if small:
-            rows += _hf_rows(model, name, wl, hf_sizes, hf_setups, cost, bw, args.hf_max_time)
+            _hf_rows(model, name, wl, hf_sizes, hf_setups, cost, bw, args.hf_max_time, rows)
     del model
     torch.cuda.empty_cache()
 
