@@ -53,6 +53,15 @@ def tiny_model(tiny_tokenizer):
     return load_causal_lm("preset:tiny", tiny_tokenizer, seed=0).eval()
 
 
+@pytest.fixture(scope="module")
+def spread_tiny_model(tiny_tokenizer):
+    """``preset:tiny`` (float32, train mode) with ``initializer_range=0.2``, so that its log-probs
+    and gradients spread enough for a comparison to fail; one per test module (tests may train it)."""
+    from rlforge.models import load_causal_lm
+
+    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=3)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_process_group():
     """A job built in the test process joins a one-rank process group (``init_single_process``);

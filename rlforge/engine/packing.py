@@ -38,7 +38,6 @@ from rlforge.roles.fused_head import (
     head_log_probs,
     last_hidden_states,
     scatter_flat,
-    scatter_rows,
 )
 
 
@@ -50,7 +49,7 @@ class PackedInputs:
     ``packed_index``: ``(B, T)`` int64, the packed position of each padded position
     (meaningless where ``valid`` is False); ``valid``: ``(B, T)`` bool attention mask;
     ``cu_seqlens``: ``(B + 1,)`` int32 sequence start offsets in the packed row;
-    ``max_len``: the longest sequence (a host int), or None where it was not known on the host.
+    ``max_len``: the longest sequence (a host int; None only where a caller builds one without it).
     """
 
     input_ids: torch.Tensor
@@ -99,16 +98,22 @@ class PackPlan:
 
 
 def make_pack_plan(mb: Batch) -> PackPlan:
-    """The :class:`PackPlan` of a micro-batch with ``attention_mask`` and ``position_ids``
-    ``(B, T)`` (and optionally ``responses (B, R)``), computed where its tensors are (the host)."""
+    """The :class:`PackPlan` of a micro-batch with ``attention_mask`` ``(B, T)`` (and optionally
+    ``position_ids (B, T)`` and ``responses (B, R)``), computed where its tensors are: on the host
+    before staging (no device read later), or on the device as a fallback (then ``nonzero``,
+    ``max`` and the position check each read the device once)."""
     valid = mb["attention_mask"].bool()
+    dev = valid.device
     rows, total = valid.shape
     lens = valid.sum(-1)
     flat = valid.reshape(-1).nonzero().squeeze(1)
-    cu = torch.zeros(rows + 1, dtype=torch.int32)
+    cu = torch.zeros(rows + 1, dtype=torch.int32, device=dev)
     cu[1:] = torch.cumsum(lens, 0)
-    pos = mb["position_ids"].reshape(-1).index_select(0, flat)
-    expected = torch.arange(pos.numel()) - torch.repeat_interleave(cu[:-1].long(), lens)
+    positions_ok = True  # without position_ids there is nothing to check (and nothing to pack)
+    if "position_ids" in mb:
+        pos = mb["position_ids"].reshape(-1).index_select(0, flat)
+        expected = torch.arange(pos.numel(), device=dev) - torch.repeat_interleave(cu[:-1].long(), lens)
+        positions_ok = bool(torch.equal(pos, expected))
     packed_index = (torch.cumsum(valid.reshape(-1).long(), 0) - 1).clamp_min(0).view_as(valid)
     keep_flat = src = None
     if "responses" in mb:
@@ -117,8 +122,8 @@ def make_pack_plan(mb: Batch) -> PackPlan:
         keep = valid[:, cols] & valid[:, total - resp_len:]
         keep_flat = keep.reshape(-1).nonzero().squeeze(1)
         src = packed_index[:, cols].reshape(-1).index_select(0, keep_flat)
-    return PackPlan((rows, total), flat, cu, int(lens.max()) if rows else 0, packed_index,
-                    bool(torch.equal(pos, expected)), keep_flat, src)
+    return PackPlan((rows, total), flat, cu, int(lens.max()) if rows else 0, packed_index, positions_ok,
+                    keep_flat, src)
 
 
 def with_pack_plan(mb: Batch) -> Batch:
@@ -138,32 +143,25 @@ def plan_of(mb: Batch) -> PackPlan | None:
     return None
 
 
+def plan_or_make(mb: Batch) -> PackPlan:
+    """:func:`plan_of` ``mb``, or a plan made now where its tensors are (:func:`make_pack_plan`)."""
+    return plan_of(mb) or make_pack_plan(mb)
+
+
 def pack(mb: Batch) -> PackedInputs:
-    """Pack ``input_ids`` / ``position_ids`` ``(B, T)`` at ``attention_mask == 1`` into one row
-    (with the micro-batch's :class:`PackPlan` when it has one: no host read of device values).
+    """Pack ``input_ids`` / ``position_ids`` ``(B, T)`` at ``attention_mask == 1`` into one row,
+    with the micro-batch's :class:`PackPlan` (made now when it has none, see :func:`plan_or_make`).
 
     Raises:
         ValueError: if a row's valid positions are not ``0..len-1`` (packing could not be
             detected from the position resets, and the padded forward would differ).
     """
-    valid = mb["attention_mask"].bool()
-    plan = plan_of(mb)
-    if plan is not None:
-        if not plan.positions_ok:
-            raise ValueError(_POSITIONS_MSG)
-        ids = mb["input_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
-        pos = mb["position_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
-        return PackedInputs(ids, pos, plan.packed_index, valid, plan.cu_seqlens, plan.max_len)
-    lens = valid.sum(-1)
-    ids = mb["input_ids"][valid].unsqueeze(0)
-    pos = mb["position_ids"][valid]
-    cu = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
-    cu[1:] = torch.cumsum(lens, 0)
-    expected = torch.arange(pos.numel(), device=pos.device) - torch.repeat_interleave(cu[:-1].long(), lens)
-    if not torch.equal(pos, expected):
+    plan = plan_or_make(mb)
+    if not plan.positions_ok:
         raise ValueError(_POSITIONS_MSG)
-    packed_index = (torch.cumsum(valid.flatten().long(), 0) - 1).clamp_min(0).view_as(valid)
-    return PackedInputs(ids, pos.unsqueeze(0), packed_index, valid, cu)
+    ids = mb["input_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
+    pos = mb["position_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
+    return PackedInputs(ids, pos, plan.packed_index, mb["attention_mask"].bool(), plan.cu_seqlens, plan.max_len)
 
 
 def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tensor:
@@ -207,18 +205,14 @@ def packed_response_log_probs(
     if chunk_size > 0:
         mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
         hidden = last_hidden_states(module, packed.input_ids, mask, packed.position_ids, **attn_kwargs)[0]  # (N, hidden)
-        plan = plan_of(mb)
-        if plan is not None and plan.response_src is not None and plan.keep_flat is not None:
-            targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
-            logp, ent = head_log_probs(module, hidden.index_select(0, plan.response_src), targets, temperature,
-                                       with_entropy, chunk_size)
-            shape = mb["responses"].shape
-            return (scatter_flat(plan.keep_flat, logp, shape),
-                    scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
-        index, keep = _response_gather(packed, mb)
-        logp, ent = head_log_probs(module, hidden[index[keep]], mb["responses"][keep], temperature, with_entropy,
-                                   chunk_size)
-        return scatter_rows(keep, logp), (scatter_rows(keep, ent) if ent is not None else None)
+        plan = plan_or_make(mb)
+        assert plan.response_src is not None and plan.keep_flat is not None  # mb has responses
+        targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
+        logp, ent = head_log_probs(module, hidden.index_select(0, plan.response_src), targets, temperature,
+                                   with_entropy, chunk_size)
+        shape = mb["responses"].shape
+        return (scatter_flat(plan.keep_flat, logp, shape),
+                scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
     logits = _packed_forward(module, packed)[0].float()  # (N, V)
     if temperature and temperature > 0 and temperature != 1.0:
         logits = logits / temperature

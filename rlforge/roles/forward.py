@@ -24,7 +24,6 @@ from rlforge.roles.fused_head import (
     head_log_probs,
     last_hidden_states,
     scatter_flat,
-    scatter_rows,
 )
 
 
@@ -67,23 +66,17 @@ def _response_log_probs_from_hidden(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked head on the response positions of ``hidden (batch, seq, hidden_size)``;
     0 where the response token is padding."""
-    from rlforge.engine.packing import plan_of  # lazy: packing imports this module
+    from rlforge.engine.packing import plan_or_make  # lazy: packing imports this module
 
     cols = _response_slice(mb)
-    plan = plan_of(mb)
-    if plan is not None and plan.keep_flat is not None:  # host-computed indices: no host read here
-        h = hidden[:, cols].reshape(-1, hidden.shape[-1]).index_select(0, plan.keep_flat)
-        targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
-        logp, ent = head_log_probs(module, h, targets, temperature, with_entropy, chunk_size)
-        shape = mb["responses"].shape
-        return (scatter_flat(plan.keep_flat, logp, shape),
-                scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
-    am = mb["attention_mask"].bool()
-    resp_len = mb["responses"].shape[1]
-    keep = am[:, cols] & am[:, -resp_len:]
-    logp, ent = head_log_probs(module, hidden[:, cols][keep], mb["responses"][keep], temperature, with_entropy,
-                               chunk_size)
-    return scatter_rows(keep, logp), (scatter_rows(keep, ent) if ent is not None else None)
+    plan = plan_or_make(mb)  # the host's plan, or one made now (a device read per index op)
+    assert plan.keep_flat is not None  # mb has responses
+    h = hidden[:, cols].reshape(-1, hidden.shape[-1]).index_select(0, plan.keep_flat)
+    targets = mb["responses"].reshape(-1).index_select(0, plan.keep_flat)
+    logp, ent = head_log_probs(module, h, targets, temperature, with_entropy, chunk_size)
+    shape = mb["responses"].shape
+    return (scatter_flat(plan.keep_flat, logp, shape),
+            scatter_flat(plan.keep_flat, ent, shape) if ent is not None else None)
 
 
 def response_log_probs(

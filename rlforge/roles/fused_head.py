@@ -332,14 +332,6 @@ def head_log_probs(module: nn.Module, hidden: torch.Tensor, targets: torch.Tenso
 
 def scatter_flat(index: torch.Tensor, values: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     """``shape`` float tensor holding ``values (M,)`` at the row-major positions ``index (M,)`` int64 and 0
-    elsewhere; as :func:`scatter_rows` with ``index = keep.flatten().nonzero()``, without a host read
-    (differentiable in ``values``)."""
+    elsewhere, without a host read (differentiable in ``values``)."""
     flat = torch.zeros(math.prod(shape), dtype=values.dtype, device=values.device)
     return flat.index_copy(0, index, values).view(*shape)
-
-
-def scatter_rows(keep: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``(B, R)`` float32 holding ``values (M,)`` where ``keep (B, R)`` is True (row-major) and 0 elsewhere."""
-    out = torch.zeros(keep.shape, dtype=values.dtype, device=values.device)
-    out[keep] = values
-    return out

@@ -23,10 +23,8 @@ TEMPERATURE = 0.9
 
 
 @pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    from rlforge.models import load_causal_lm
-
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=3)
+def model(spread_tiny_model):
+    return spread_tiny_model
 
 
 @pytest.fixture(scope="module")

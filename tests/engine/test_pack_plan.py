@@ -19,10 +19,8 @@ R = 7
 
 
 @pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    from rlforge.models import load_causal_lm
-
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=1)
+def model(spread_tiny_model):
+    return spread_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -32,33 +30,48 @@ def batch(tiny_tokenizer):
 
 
 def _grads(model, fn, mb):
+    """Log-probs, entropies and the parameter gradients of their sum over real response tokens."""
     model.zero_grad(set_to_none=True)
     logp, ent = fn(model, mb, 0.7, True, 3)
-    (logp.sum() + 0.5 * ent.sum()).backward()
+    mask = mb["response_mask"].float()
+    ((logp * mask).sum() + 0.5 * (ent * mask).sum()).backward()
     return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("fn", [packed_response_log_probs, response_log_probs], ids=["packed", "padded"])
 def test_plan_gives_the_same_values_and_gradients(model, batch, fn):
+    """With the host's plan and with one made in the call, the chunked head gives the same values
+    and gradients, and both match the independent reference: the padded forward's full logits."""
     planned = with_pack_plan(batch)
     assert plan_of(planned) is not None and plan_of(batch) is None
+    full_lp, full_ent, full_g = _grads(model, lambda m, mb, t, e, c: response_log_probs(m, mb, t, e, 0), batch)
     ref_lp, ref_ent, ref_g = _grads(model, fn, batch)
     lp, ent, g = _grads(model, fn, planned)
     mask = batch["response_mask"].bool()
-    assert ref_lp[mask].std() > 1e-3  # the comparison can fail
+    assert full_lp[mask].std() > 1e-3  # the comparison can fail
     torch.testing.assert_close(lp, ref_lp, atol=0, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=0, rtol=0)
+    torch.testing.assert_close(lp[mask], full_lp[mask], atol=1e-5, rtol=1e-5)  # the reference does not zero padding
+    torch.testing.assert_close(ent[mask], full_ent[mask], atol=1e-5, rtol=1e-5)
     assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
-    assert g.keys() == ref_g.keys() and len(g) > 3
+    assert g.keys() == ref_g.keys() == full_g.keys() and len(g) > 3
     for k in g:
         torch.testing.assert_close(g[k], ref_g[k], atol=1e-6, rtol=1e-5)
+        # another attention path (padded, masked) rounds differently: compare the whole tensor
+        assert (g[k] - full_g[k]).norm() <= 1e-4 * full_g[k].norm() + 1e-7, k
 
 
-def test_plan_matches_pack_without_plan(batch):
-    a, b = pack(batch), pack(with_pack_plan(batch))
-    for f in ("input_ids", "position_ids", "packed_index", "valid", "cu_seqlens"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
-    assert b.max_len == int(batch["attention_mask"].sum(1).max()) and a.max_len is None
+def test_pack_matches_boolean_mask_packing(batch):
+    """pack() with the host's plan and with one made in the call equals packing by boolean mask."""
+    valid = batch["attention_mask"].bool()
+    lens = valid.sum(1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+    assert lens.min() < lens.max()  # rows of different lengths: the packing can be wrong
+    for packed in (pack(batch), pack(with_pack_plan(batch))):
+        assert torch.equal(packed.input_ids, batch["input_ids"][valid].unsqueeze(0))
+        assert torch.equal(packed.position_ids, batch["position_ids"][valid].unsqueeze(0))
+        assert torch.equal(packed.cu_seqlens, cu) and packed.max_len == int(lens.max())
+        assert torch.equal(packed.packed_index[valid], torch.arange(int(lens.sum())))
 
 
 def test_plan_moves_with_to_and_is_dropped_by_select(batch):

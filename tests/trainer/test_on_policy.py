@@ -18,15 +18,14 @@ from rlforge.cli import main
 from rlforge.config import ActorConfig
 from rlforge.engine import LocalEngine
 from rlforge.errors import ConfigError
-from rlforge.models import load_causal_lm
 from rlforge.roles.actor import Actor
 
 TEMPERATURE = 0.9
 
 
 @pytest.fixture(scope="module")
-def model(tiny_tokenizer):
-    return load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=3)
+def model(spread_tiny_model):
+    return spread_tiny_model
 
 
 @pytest.fixture(scope="module")
