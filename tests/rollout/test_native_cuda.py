@@ -98,6 +98,32 @@ def test_graphs_see_in_place_weight_updates(model):
     assert torch.equal(after["responses"], fresh["responses"])
 
 
+def _allocated_after_generations(model, n: int) -> list[int]:
+    batch = _prompts(8, model.config.vocab_size)
+    greedy = SamplingParams(do_sample=False, max_new_tokens=6)
+    eng = NativeRollout(model, [], 0, CUDA, progress=False, max_num_seqs=8)  # frees cache and graphs each call
+    out = []
+    for _ in range(n):
+        eng.generate(batch, greedy)
+        torch.cuda.synchronize()
+        out.append(torch.cuda.memory_allocated())
+    return out
+
+
+def test_repeated_generations_do_not_grow_allocated_memory(model, monkeypatch):
+    """Each generation rebuilds its CUDA graphs; their warm-up stream is reused, so no cuBLAS
+    workspace (kept by PyTorch per stream, never freed) piles up.  Negative control: a new
+    stream per generation grows allocated memory every call."""
+    import rlforge.rollout.native.cuda_graph as cg
+
+    mib = 2**20
+    steady = _allocated_after_generations(model, 4)
+    assert abs(steady[-1] - steady[1]) < mib, steady  # the first call may allocate the one workspace
+    monkeypatch.setattr(cg, "warmup_stream", lambda dev: torch.cuda.Stream(dev))
+    leaky = _allocated_after_generations(model, 3)
+    assert leaky[1] - leaky[0] > 2 * mib and leaky[2] - leaky[1] > 2 * mib, leaky
+
+
 def test_fused_triton_sampler_against_softmax():
     """The one-pass Triton sampler: greedy = argmax, log-probs = log_softmax(x / T) at the
     drawn token, draws follow softmax(x / T) (chi-square over 200k draws), NaN rows flagged."""
