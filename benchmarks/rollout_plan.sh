@@ -21,6 +21,8 @@
 #   fair      (~8 min)  0.5B random x1024: native (median of 3 runs) beside generate at batch 1024 (whole-call
 #                       warm-up) and continuous batching (default, CUDA graphs forced, + compile) on its first
 #                       128 prompts; the long tail, native only (median of 3)
+#   burst     (~5 min)  native only, median of 3: decode steps between host reads 16 (default) / 32 / 64 / 128
+#                       on 0.5B random x1024 and long tail, and 7B random x1024 at max_num_seqs 256 and 1024
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -78,6 +80,13 @@ step_fair() {
     --json "$P/fair.json" > "$P/fair.txt" 2>&1
   timeout -k 10 100 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
     --variants triton-graph --native-reps 3 --json "$P/fair_lt.json" > "$P/fair_lt.txt" 2>&1
+}
+step_burst() {
+  local v=triton-graph,triton-graph-burst32,triton-graph-burst64,triton-graph-burst128
+  timeout -k 10 200 python3 "$RT" --models qwen2.5-0.5b --workloads random longtail --skip-grpo --hf-setups "" \
+    --longtail-hf-setups "" --variants $v --native-reps 3 --json "$P/burst.json" > "$P/burst.txt" 2>&1
+  timeout -k 10 240 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants \
+    triton-graph,triton-graph-burst64 --big-max-num-seqs 256 1024 --json "$P/burst7b.json" > "$P/burst7b.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

@@ -25,7 +25,8 @@ transformers rows (``--hf-setups``, the registry in ``benchmarks/hf_baselines.py
 Tokens are the generated tokens counted per row.  A setup that fails prints a ``failed: reason`` row.
 
 Native rows: Triton or torch decode attention, with and without CUDA graphs, with and without the
-fused Triton layer kernels (``-unfused``) and packed GEMMs (``-unpacked``).
+fused Triton layer kernels (``-unfused``) and packed GEMMs (``-unpacked``); ``-burstN`` runs up to
+``N`` decode steps between two host reads (the engine's ``max_decode_burst``, default 16).
 
 Columns: output tok/s; ``x best`` over the fastest transformers row of the same model and workload
 (any setup), ``x best cb`` over the fastest continuous-batching row; the fraction of the combined
@@ -508,6 +509,12 @@ def kernel_bench(bw: Bandwidths, step_models: list[str]) -> None:
                     lambda lp=lp: sample_with_log_probs(logits, params, None, lp), logits.numel() * 2, bw)
 
 
+def _burst(part: str) -> int | None:
+    """``N`` of a variant part ``burstN`` (the engine's ``max_decode_burst``), else None."""
+    n = part[len("burst"):]
+    return int(n) if part.startswith("burst") and n.isdigit() and int(n) > 0 else None
+
+
 def _positive(text: str) -> int:
     """argparse type: an int >= 1."""
     value = int(text)
@@ -564,10 +571,12 @@ def _args() -> argparse.Namespace:
     args = ap.parse_args()
     for v in f"{args.variants},{args.big_variants}".split(","):
         parts = v.split("-")
+        flags = [x for x in parts[2:] if not _burst(x)]
         if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
-                or not set(parts[2:]) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])):
-            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked], "
-                     "ATTENTION triton or torch")
+                or not set(flags) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])
+                or len(parts[2:]) - len(flags) > 1):
+            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-burstN], "
+                     "ATTENTION triton or torch, N >= 1 decode steps between host reads (the engine's 16)")
     for key in ("hf_setups", "longtail_hf_setups"):
         names = [x for x in getattr(args, key).split(",") if x]
         parsed = []
@@ -619,7 +628,9 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
     def go():
         runs = [run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
                            fused_kernels=False if "unfused" in rest else None,
-                           pack_weights=False if "unpacked" in rest else None, **kw) for _ in range(reps)]
+                           pack_weights=False if "unpacked" in rest else None,
+                           **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}),
+                           **kw) for _ in range(reps)]
         secs = sorted(r[1] for r in runs)
         tokens, sec, m = runs[[r[1] for r in runs].index(secs[len(secs) // 2])]  # the median run
         note = phases(m)
