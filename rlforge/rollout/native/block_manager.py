@@ -12,6 +12,7 @@ free list hands it out again.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from rlforge.rollout.native.sequence import Sequence
@@ -42,13 +43,15 @@ class BlockManager:
     block_size: int
     enable_prefix_caching: bool = True
     blocks: list[Block] = field(init=False)
-    free: dict[int, None] = field(init=False)  # insertion-ordered set: LRU-ish reuse
+    free: OrderedDict[int, None] = field(init=False)  # insertion-ordered set: LRU-ish reuse
     hash_to_block: dict[int, int] = field(init=False)
     stats: BlockManagerStats = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
-        self.free = dict.fromkeys(range(self.num_blocks))
+        # OrderedDict, not dict: taking the oldest entry of a plain dict scans past every entry
+        # deleted before it (O(blocks taken) per take), an OrderedDict pops it in O(1)
+        self.free = OrderedDict.fromkeys(range(self.num_blocks))
         self.hash_to_block = {}
         self.stats = BlockManagerStats()
 
@@ -111,12 +114,13 @@ class BlockManager:
     # ---------------------------------------------------------------- mutations
     def _take(self, block_id: int | None = None) -> Block:
         if block_id is None:
-            block_id = next(iter(self.free))
+            block_id, _ = self.free.popitem(last=False)
             b = self.blocks[block_id]
             if b.hash is not None and self.hash_to_block.get(b.hash) == block_id:
                 del self.hash_to_block[b.hash]
             b.hash, b.token_ids, b.computed = None, (), False
             self.stats.blocks_allocated += 1
+            return b
         del self.free[block_id]
         return self.blocks[block_id]
 
@@ -158,8 +162,11 @@ class BlockManager:
         """Record that ``seq``'s first ``num_computed_tokens`` K/V are written (only prompt
         blocks can be shared, so only they are marked)."""
         n = min(seq.num_computed_tokens, len(seq.prompt_ids)) // self.block_size
-        for i in range(n):
-            self.blocks[seq.block_table[i]].computed = True
+        for i in range(n - 1, -1, -1):  # a sequence's computed blocks are a prefix of its table:
+            b = self.blocks[seq.block_table[i]]  # stop at the first one already marked
+            if b.computed:
+                break
+            b.computed = True
 
     def free_seq(self, seq: Sequence) -> None:
         for bid in reversed(seq.block_table):

@@ -165,6 +165,7 @@ class Scheduler:
         ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or length limit are
         dropped (their K/V sit in blocks that are freed with the sequence)."""
         finished = []
+        eos = self.eos_ids
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
             toks = sampled.get(seq.seq_id)
             if toks is None:  # a prefill chunk that did not reach the last token
@@ -172,18 +173,18 @@ class Scheduler:
                 self.block_manager.mark_computed(seq)
                 continue
             seq.num_computed_tokens += n + len(toks) - 1
-            lps = log_probs[seq.seq_id] if log_probs is not None else None
-            for j, tok in enumerate(toks):
-                seq.output_ids.append(tok)
-                if lps is not None:
-                    seq.output_log_probs.append(lps[j])
-                if tok in self.eos_ids or len(seq.output_ids) >= seq.max_new_tokens:
-                    seq.status = SequenceStatus.FINISHED
-                    break
-            if seq.status is SequenceStatus.FINISHED:
-                self.running.remove(seq)
+            keep = max(min(len(toks), seq.max_new_tokens - len(seq.output_ids)), 0)  # the length limit
+            if not eos.isdisjoint(toks[:keep]):  # cut after the first EOS
+                keep = next(j for j, tok in enumerate(toks) if tok in eos) + 1
+            seq.output_ids.extend(toks[:keep])
+            if log_probs is not None:
+                seq.output_log_probs.extend(log_probs[seq.seq_id][:keep])
+            if keep < len(toks) or toks[keep - 1] in eos or len(seq.output_ids) >= seq.max_new_tokens:
+                seq.status = SequenceStatus.FINISHED
                 self.block_manager.free_seq(seq)
                 finished.append(seq)
             else:
                 self.block_manager.mark_computed(seq)
+        if finished:  # one pass, in order (running[-1] is the preemption victim)
+            self.running = [s for s in self.running if s.status is not SequenceStatus.FINISHED]
         return finished
