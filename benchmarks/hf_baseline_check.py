@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_baselines import run_setup  # noqa: E402
-from rollout_throughput import Workload, build, prompts, run_native  # noqa: E402
+from rollout_throughput import Workload, _positive, build, prompts, run_native  # noqa: E402
 
 
 def _mem() -> str:
@@ -49,9 +49,9 @@ def _plain(model, ids: torch.Tensor, new: int) -> tuple[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-0.5b")
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--cb-prompts", type=int, default=256)
+    ap.add_argument("--batch", type=_positive, default=1024)
+    ap.add_argument("--new-tokens", type=_positive, default=512)
+    ap.add_argument("--cb-prompts", type=_positive, default=256)
     args = ap.parse_args()
     import transformers
 

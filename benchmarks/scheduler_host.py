@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from rlforge.rollout.native.block_manager import BlockManager
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig
 from rlforge.rollout.native.sequence import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout_throughput import _positive  # noqa: E402
 
 EOS = 2
 
@@ -62,10 +67,10 @@ def one_run(seqs: int, prompt_len: int, new: int, burst: int, seed: int) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seqs", type=int, default=1024)
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--burst", type=int, default=16)
+    ap.add_argument("--seqs", type=_positive, default=1024)
+    ap.add_argument("--prompt-len", type=_positive, default=256)
+    ap.add_argument("--new-tokens", type=_positive, default=512)
+    ap.add_argument("--burst", type=_positive, default=16)
     args = ap.parse_args()
     per: dict[str, list[float]] = {}
     bursts = 0
