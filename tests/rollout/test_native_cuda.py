@@ -117,9 +117,12 @@ def test_repeated_generations_do_not_grow_allocated_memory(model, monkeypatch):
     import rlforge.rollout.native.cuda_graph as cg
 
     mib = 2**20
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)  # start from no workspaces
+    clear()
     steady = _allocated_after_generations(model, 4)
     assert abs(steady[-1] - steady[1]) < mib, steady  # the first call may allocate the one workspace
-    monkeypatch.setattr(cg, "warmup_stream", lambda dev: torch.cuda.Stream(dev))
+    monkeypatch.setattr(cg, "warmup_stream", lambda dev: torch.cuda.Stream(dev))  # the next pooled stream
+    clear()
     leaky = _allocated_after_generations(model, 3)
     assert leaky[1] - leaky[0] > 2 * mib and leaky[2] - leaky[1] > 2 * mib, leaky
 
