@@ -20,16 +20,7 @@ import torch
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
-from rlforge.engine.staging import metrics_to_floats, stage
-
-
-def _merge_metrics(per_micro: list[dict[str, Any]]) -> dict[str, float]:
-    """Sum keys ending in ``loss`` (they are shares of the mini-batch loss); average the rest."""
-    acc: dict[str, list[float]] = defaultdict(list)
-    for m in metrics_to_floats(per_micro):
-        for k, v in m.items():
-            acc[k].append(v)
-    return {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}
+from rlforge.engine.staging import combine_micro_metrics, stage
 
 
 class LocalEngine(TrainEngine):
@@ -105,7 +96,7 @@ class LocalEngine(TrainEngine):
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        out = _merge_metrics(per_micro)
+        out = combine_micro_metrics(per_micro)
         out["grad_norm"] = grad_norm
         return out
 

@@ -39,7 +39,7 @@ from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
-from rlforge.engine.staging import metrics_to_floats, stage
+from rlforge.engine.staging import combine_micro_metrics, stage
 
 ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
 """Optimizer parameter groups, built AFTER sharding: either a function of the (sharded)
@@ -97,14 +97,10 @@ def build_param_groups(module: nn.Module, spec: ParamGroupSpec | None, base_lr: 
 
 def merge_metrics(per_micro: list[dict[str, Any]], device: torch.device) -> dict[str, float]:
     """Micro-batch metrics of all ranks: loss shares summed then divided by the world size, the rest averaged."""
-    acc: dict[str, list[float]] = defaultdict(list)
-    for m in metrics_to_floats(per_micro):  # one host read for the step's tensor metrics
-        for k, v in m.items():
-            acc[k].append(v)
-    keys = sorted(acc)
-    local = [sum(acc[k]) if k.endswith("loss") else sum(acc[k]) / len(acc[k]) for k in keys]
+    local = combine_micro_metrics(per_micro)  # one host read for the step's tensor metrics
+    keys = sorted(local)
     world = get_world_size()
-    total = all_reduce_sum(local, device)
+    total = all_reduce_sum([local[k] for k in keys], device)
     return {k: v / world for k, v in zip(keys, total, strict=True)}
 
 

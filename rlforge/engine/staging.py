@@ -53,3 +53,13 @@ def metrics_to_floats(per_micro: Sequence[dict[str, Any]]) -> list[dict[str, flo
         for (i, k, _), x in zip(items, values, strict=True):
             out[i][k] = float(x)
     return [{k: o[k] for k in m} for o, m in zip(out, per_micro, strict=True)]
+
+
+def combine_micro_metrics(per_micro: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """One rank's step metrics from its micro-batches' (read back once, :func:`metrics_to_floats`):
+    keys ending in ``loss`` are shares of the mini-batch loss and are summed; the rest are averaged."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for m in metrics_to_floats(per_micro):
+        for k, v in m.items():
+            acc[k].append(v)
+    return {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}

@@ -88,7 +88,7 @@ from rlforge.engine.megatron.tensor_parallel import apply_tensor_parallel
 from rlforge.engine.megatron.weights import plan_entries
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
-from rlforge.engine.staging import metrics_to_floats
+from rlforge.engine.staging import combine_micro_metrics
 from rlforge.errors import ConfigError
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -411,11 +411,7 @@ class MegatronEngine(WeightsAndState, TrainEngine):
 
     def _merge_metrics(self, per_micro: list[dict[str, Any]]) -> dict[str, float]:
         """Loss shares summed over micro-batches, others averaged; then the mean over model copies."""
-        acc: dict[str, list[float]] = defaultdict(list)
-        for m in metrics_to_floats(per_micro):
-            for k, v in m.items():
-                acc[k].append(v)
-        local = {k: (sum(v) if k.endswith("loss") else sum(v) / len(v)) for k, v in acc.items()}
+        local = combine_micro_metrics(per_micro)
         if self.dims.pp > 1:  # only the last stage computed the losses
             box = [local]
             dist.broadcast_object_list(box, src=self.pm.pp_ranks[-1], group=self.pm.pp_group)
