@@ -15,9 +15,10 @@ same length, so no padding).  The issue-17 call is ``generate``::
 ``generate-noeos`` add only one of the two, so the table shows which costs the time.
 ``static-compile`` adds ``cache_implementation="static"`` (transformers then compiles the
 forward itself on CUDA).  Each generate row is warmed up untimed by the same call on the same
-batch: the whole call where every row has the same length (the random workload), stopped after
-8 steps by a stopping criterion on the long tail (a whole warm-up call there would double a run of
-minutes).  The whole-call warm-up matters: in a fresh process the first full-length call at batch
+batch: the whole call where every row has the same length (the random workload); on the long tail
+the same call with the same ``max_time`` when one is given (so the timed call runs warm over the
+steps it reaches; its tokens/s then covers the call's first, fullest steps and flatters ``generate``
+against a whole run), else the call stopped after 8 steps.  The whole-call warm-up matters: in a fresh process the first full-length call at batch
 1024 ran at 11.7k tokens/s and the next at 32.7k-41.0k (``hf_baseline_check.py``, 2026-12-01),
 because the dynamic cache's growing tensors go to ``cudaMalloc`` until PyTorch's allocator holds
 blocks of every size; a generate loop in RL training runs warm.
@@ -152,12 +153,12 @@ def _generate(model, setup: HFSetup, ids: torch.Tensor, lengths: np.ndarray, fix
     if setup.mask:
         kw["attention_mask"] = torch.ones_like(ids)
     eos = _eos_list(kw["eos_token_id"]) if "eos_token_id" in kw else _eos_list(model.generation_config.eos_token_id)
-    if fixed:  # warm-up: the whole call (see the module docstring)
+    if max_time is not None:
+        kw["max_time"] = max_time
+    if fixed or max_time is not None:  # warm-up: the whole (or the same time-limited) call, see the docstring
         model.generate(ids, **kw)
     else:
         model.generate(ids, **kw, stopping_criteria=StoppingCriteriaList([_StopAfter(prompt_len, 8)]))
-    if max_time is not None:
-        kw["max_time"] = max_time
     _sync(ids.device)
     t = time.perf_counter()
     out = model.generate(ids, **kw)

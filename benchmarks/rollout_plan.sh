@@ -21,8 +21,13 @@
 #   fair      (~8 min)  0.5B random x1024: native (median of 3 runs) beside generate at batch 1024 (whole-call
 #                       warm-up) and continuous batching (default, CUDA graphs forced, + compile) on its first
 #                       128 prompts; the long tail, native only (median of 3)
-#   burst     (~5 min)  native only, median of 3: decode steps between host reads 16 (default) / 32 / 64 / 128
+#   burst     (~5 min)  native only, median of 3: decode steps between host reads 16 / 32 / 64 (default) / 128
 #                       on 0.5B random x1024 and long tail, and 7B random x1024 at max_num_seqs 256 and 1024
+#   fair2     (~2 min)  0.5B random x1024, default burst: native (median of 3) beside warm generate at 512 and 1024
+#   lt        (~7 min)  0.5B long tail in one run: native (median of 3), continuous batching (all 512), generate
+#                       (60 s after a 60 s warm-up of the same call)
+#   e2etrl    (~7 min)  e2e_grpo 0.5B, small workload (8 prompts x 8, 128 + 128 tokens), rlforge beside trl-fast
+#                       and trl-cb, 3 interleaved repetitions
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -82,11 +87,32 @@ step_fair() {
     --variants triton-graph --native-reps 3 --json "$P/fair_lt.json" > "$P/fair_lt.txt" 2>&1
 }
 step_burst() {
-  local v=triton-graph,triton-graph-burst32,triton-graph-burst64,triton-graph-burst128
+  local v=triton-graph-burst16,triton-graph-burst32,triton-graph,triton-graph-burst128
   timeout -k 10 200 python3 "$RT" --models qwen2.5-0.5b --workloads random longtail --skip-grpo --hf-setups "" \
     --longtail-hf-setups "" --variants $v --native-reps 3 --json "$P/burst.json" > "$P/burst.txt" 2>&1
   timeout -k 10 240 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants \
-    triton-graph,triton-graph-burst64 --big-max-num-seqs 256 1024 --json "$P/burst7b.json" > "$P/burst7b.txt" 2>&1
+    triton-graph-burst16,triton-graph --big-max-num-seqs 256 1024 --json "$P/burst7b.json" > "$P/burst7b.txt" 2>&1
+}
+step_fair2() {  # random x1024 with the default burst: native (median of 3) beside warm generate at 512 and 1024
+  timeout -k 30 240 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 512 1024 \
+    --hf-setups generate --variants triton-graph --native-reps 3 --json "$P/fair2.json" > "$P/fair2.txt" 2>&1
+}
+step_lt() {  # the long tail in one run: native (median of 3), continuous batching on all 512 prompts, and generate
+  # for 60 s after a 60 s warm-up of the same call (its fullest steps: flatters generate)
+  timeout -k 30 480 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups cb,generate \
+    --hf-max-time 60 --variants triton-graph --native-reps 3 --json "$P/lt.json" > "$P/lt.txt" 2>&1
+}
+step_e2etrl() {  # issue 17: e2e with both TRL rows, same weights, 3 interleaved repetitions (a small workload: TRL's
+  # continuous batching generates at 1-2k tokens/s here)
+  timeout -k 30 560 python3 "$REPO/benchmarks/e2e_grpo.py" --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --prompts 8 \
+    --n 8 --prompt-len 128 --response-len 128 --steps 5 --warmup 1 --reps 3 --trl-variants trl-fast,trl-cb \
+    --run-time-limit 150 --token-budget 32768 --out /tmp/e2etrl --rlforge-extra actor_rollout_ref.model.use_liger=true \
+    actor_rollout_ref.model.enable_gradient_checkpointing=false actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false \
+    > "$P/e2etrl.txt" 2>&1
+  local rc=$?
+  mkdir -p "$P/e2etrl" && cp /tmp/e2etrl/e2e_grpo.* "$P/e2etrl/" 2>/dev/null
+  for d in /tmp/e2etrl/rep*; do [ -d "$d" ] && mkdir -p "$P/e2etrl/${d##*/}" && cp "$d"/*.log "$P/e2etrl/${d##*/}/"; done
+  return $rc
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

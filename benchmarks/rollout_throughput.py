@@ -26,7 +26,7 @@ Tokens are the generated tokens counted per row.  A setup that fails prints a ``
 
 Native rows: Triton or torch decode attention, with and without CUDA graphs, with and without the
 fused Triton layer kernels (``-unfused``) and packed GEMMs (``-unpacked``); ``-burstN`` runs up to
-``N`` decode steps between two host reads (the engine's ``max_decode_burst``, default 16).
+``N`` decode steps between two host reads (the engine's ``max_decode_burst``, default 64).
 
 Columns: output tok/s; ``x best`` over the fastest transformers row of the same model and workload
 (any setup), ``x best cb`` over the fastest continuous-batching row; the fraction of the combined

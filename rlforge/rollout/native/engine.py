@@ -68,7 +68,8 @@ class NativeRollout(Rollout):
         calculate_log_probs: also return ``rollout_log_probs`` ``(batch, response_len)``
             float32 nats (0 past each response's end).
         ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
-        max_decode_burst: decode steps run on the device between two host reads.
+        max_decode_burst: decode steps run on the device between two host reads (64: measured
+            against 16/32/128 on one H200, benchmarks/RESULTS.md of 2026-12-02).
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
         fused_kernels: the decoder layers' elementwise work in fused Triton kernels
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
@@ -100,7 +101,7 @@ class NativeRollout(Rollout):
         free_cache_engine: bool = True,
         calculate_log_probs: bool = False,
         ignore_eos: bool = False,
-        max_decode_burst: int = 16,
+        max_decode_burst: int = 64,
         attention: str = "auto",
         fused_kernels: bool | None = None,
         pack_weights: bool | None = None,
