@@ -26,6 +26,7 @@
 #   fair2     (~2 min)  0.5B random x1024, default burst: native (median of 3) beside warm generate at 512 and 1024
 #   lt        (~7 min)  0.5B long tail in one run: native (median of 3), continuous batching (all 512), generate
 #                       (60 s after a 60 s warm-up of the same call)
+#   lt128     (~5 min)  the same on 128 long-tail prompts (continuous batching did not finish 512 in 7 minutes)
 #   e2etrl    (~7 min)  e2e_grpo 0.5B, small workload (8 prompts x 8, 128 + 128 tokens), rlforge beside trl-fast
 #                       and trl-cb, 3 interleaved repetitions
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
@@ -101,6 +102,11 @@ step_lt() {  # the long tail in one run: native (median of 3), continuous batchi
   # for 60 s after a 60 s warm-up of the same call (its fullest steps: flatters generate)
   timeout -k 30 480 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups cb,generate \
     --hf-max-time 60 --variants triton-graph --native-reps 3 --json "$P/lt.json" > "$P/lt.txt" 2>&1
+}
+step_lt128() {  # the long tail on 128 prompts, so that continuous batching can finish (it ran < 600 tokens/s on 512)
+  timeout -k 30 420 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --longtail-prompts 128 --skip-grpo \
+    --longtail-hf-setups cb,generate --hf-max-time 60 --variants triton-graph --native-reps 3 \
+    --json "$P/lt128.json" > "$P/lt128.txt" 2>&1
 }
 step_e2etrl() {  # issue 17: e2e with both TRL rows, same weights, 3 interleaved repetitions (a small workload: TRL's
   # continuous batching generates at 1-2k tokens/s here)
