@@ -85,3 +85,34 @@ def test_three_turn_conversation_is_exact(tiny_tokenizer, mt_model, calculator, 
     mask = out["response_mask"].bool()
     assert mask.sum() > 40
     assert (trainer_lp[mask] - rl[mask]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(("kwargs", "cap"), [({}, 16), ({"turn_burst": 5}, 5), ({"max_decode_burst": 3}, 3)])
+def test_agent_loop_bursts_are_capped(tiny_tokenizer, mt_model, calculator, scripted, kwargs, cap):
+    """The agent loop decodes at most ``min(max_decode_burst, turn_burst)`` steps between host reads
+    (16 by default, while the single-turn engine's default is 64), and the capped bursts still give
+    the scripted tokens exactly."""
+    tok = tiny_tokenizer
+    long_turn = _turn(tok, " ".join(["one two three four five"] * 12))  # well over 16 tokens
+    script = {0: [long_turn], 1: [long_turn]}
+    ro = scripted(mt_model, [tok.eos_token_id], tok.pad_token_id, CPU, progress=False, tokenizer=tok,
+                  multi_turn=MultiTurnConfig(enable=True), tools={"calculator": calculator}, script=script,
+                  max_num_batched_tokens=64, enable_prefix_caching=False, **kwargs)
+    bursts: list[int] = []
+    inner = ro._decode_burst
+
+    def record(runner, out, k, params):
+        bursts.append(k)
+        return inner(runner, out, k, params)
+
+    ro._decode_burst = record
+    out = ro.generate(text_prompts(tok, PROMPTS), SamplingParams(temperature=1.0, max_new_tokens=200))
+    assert max(bursts) == cap
+    assert out["responses"][0, :len(long_turn)].tolist() == long_turn
+
+
+def test_turn_burst_below_one_is_refused(tiny_tokenizer, mt_model, calculator, scripted):
+    tok = tiny_tokenizer
+    with pytest.raises(ValueError, match="turn_burst"):
+        scripted(mt_model, [tok.eos_token_id], tok.pad_token_id, CPU, progress=False, tokenizer=tok,
+                 multi_turn=MultiTurnConfig(enable=True), tools={"calculator": calculator}, script={}, turn_burst=0)

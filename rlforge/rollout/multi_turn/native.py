@@ -119,6 +119,11 @@ class MultiTurnNativeRollout(NativeRollout):
         interactions: ``{name: interaction}`` (:func:`rlforge.interactions.load_interactions`).
         reuse_kv: keep each sequence's KV cache across turns (False: re-prefill the history every turn).
         max_workers: threads running turns' tool calls / interactions at once.
+        turn_burst: the agent loop's cap on decode steps between two host reads: its bursts are
+            ``min(max_decode_burst, turn_burst)`` steps (16 against the single-turn default of 64).  A turn
+            that ends inside a burst is parked, and its tools start, only when the burst ends, so a shorter
+            burst starts tools sooner; 16 is the setting ``benchmarks/multi_turn_kv.py`` measured.
+            Raises ValueError if below 1.
 
     The output batch is :class:`~rlforge.rollout.base.Rollout`'s, with ``attention_mask`` 1 on every
     real token (sampled or inserted), ``response_mask`` 1 on sampled tokens only, and per-row non-tensor
@@ -130,10 +135,10 @@ class MultiTurnNativeRollout(NativeRollout):
 
     def __init__(self, *args: Any, tokenizer: Any, multi_turn: MultiTurnConfig, tools: dict[str, Any] | None = None,
                  interactions: dict[str, Any] | None = None, reuse_kv: bool = True, max_workers: int = 32,
-                 **kwargs: Any) -> None:
+                 turn_burst: int = 16, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_agent(tokenizer=tokenizer, multi_turn=multi_turn, tools=tools, interactions=interactions,
-                         reuse_kv=reuse_kv, max_workers=max_workers)
+                         reuse_kv=reuse_kv, max_workers=max_workers, turn_burst=turn_burst)
 
     @classmethod
     def from_native(cls, native: NativeRollout, **kwargs: Any) -> MultiTurnNativeRollout:
@@ -145,7 +150,11 @@ class MultiTurnNativeRollout(NativeRollout):
         return obj
 
     def _init_agent(self, *, tokenizer: Any, multi_turn: MultiTurnConfig, tools: dict[str, Any] | None = None,
-                    interactions: dict[str, Any] | None = None, reuse_kv: bool = True, max_workers: int = 32) -> None:
+                    interactions: dict[str, Any] | None = None, reuse_kv: bool = True, max_workers: int = 32,
+                    turn_burst: int = 16) -> None:
+        if turn_burst < 1:
+            raise ValueError(f"multi-turn turn_burst must be >= 1, got {turn_burst}")
+        self.turn_burst = turn_burst
         self.tokenizer = tokenizer
         self.mt = multi_turn
         self.tools = dict(tools or {})
@@ -225,7 +234,7 @@ class MultiTurnNativeRollout(NativeRollout):
                                               if not (n == 1 and q.num_computed_tokens + 1 == q.num_tokens
                                                       and sched.masks[q.seq_id][-1:] == [1]))
                         if sched.is_pure_decode(out):
-                            k = sched.extend_for_burst(out, self.max_decode_burst)
+                            k = sched.extend_for_burst(out, min(self.max_decode_burst, self.turn_burst))
                             toks, lps = self._decode_burst(runner, out, k, params)
                         else:
                             toks, lps = self._mixed_step(runner, out, params)
