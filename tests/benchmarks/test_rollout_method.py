@@ -125,6 +125,25 @@ def test_generate_long_tail_lengths(tiny, setup: str) -> None:
         assert hits and hits[0] == n - 1, (i, n, new[i].tolist())
 
 
+@pytest.mark.parametrize(("max_time", "warm_steps"), [(None, 8), (30.0, None)])
+def test_long_tail_warm_up(tiny, monkeypatch, max_time, warm_steps) -> None:
+    """On the long tail the warm-up is the call stopped after 8 steps, or, with ``max_time``, the same
+    time-limited call (so the timed call runs warm over the steps it reaches)."""
+    calls: list[dict] = []
+    real = tiny.generate
+
+    def spy(ids, **kw):
+        calls.append(kw)
+        return real(ids, **kw)
+
+    monkeypatch.setattr(tiny, "generate", spy)
+    hf.run_setup(tiny, "generate", _ids(2, 5, tiny.config.vocab_size), np.array([3, 12]), max_time=max_time)
+    warm, timed = calls
+    assert warm.get("max_time") == timed.get("max_time") == max_time
+    stop = warm.get("stopping_criteria")
+    assert (stop[0].steps if stop else None) == warm_steps and "stopping_criteria" not in timed
+
+
 def test_eos_off_setup_refuses_long_tail(tiny) -> None:
     with pytest.raises(ValueError, match="EOS off"):
         hf.run_setup(tiny, "generate-old", _ids(2, 5, tiny.config.vocab_size), np.array([2, 4]))
