@@ -197,6 +197,14 @@ class ActorConfig:
     batch is not on-policy)."""
     shuffle: bool = False
     """Shuffle the rollout batch before splitting into mini batches."""
+    use_prefix_grouper: bool = False
+    """verl's key (PrefixGrouper, Liu et al. 2025, arXiv:2506.05433): rows of a micro-batch with the
+    same prompt (the ``rollout.n`` samples of a prompt) run that prompt once in the actor's forwards
+    (update and ``old_log_prob``); each response attends to the one copy, so log-probs and gradients
+    are those of the unshared rows (:class:`rlforge.engine.packing.PackPlan`).  Token-budget
+    micro-batches then keep a prompt's rows together and count the prompt once.  Needs the
+    padding-free forward on ``rlforge_varlen`` attention (``model.use_remove_padding=true``, chosen on
+    CUDA); a warning says where it cannot take effect.  Not measured on a GPU yet."""
     ulysses_sequence_parallel_size: int = 1
     """Ulysses sequence-parallel degree; 1 = off."""
     entropy_from_logits_with_chunking: bool = False

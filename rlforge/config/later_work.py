@@ -268,6 +268,11 @@ def _reward_model_rows() -> list[LaterWork]:
 _NO_DUMP = "{key}={value}: dumping generations is not available in this build yet; ignored"
 
 LATER_WORK: tuple[LaterWork, ...] = (
+    LaterWork(f"{_ARR}.actor.use_prefix_grouper", lambda v: v[0] and (not v[1] or v[2] == "megatron"),
+              "{key}=True needs the padding-free forward (actor_rollout_ref.model.use_remove_padding=true) on the "
+              "FSDP or local engine; got use_remove_padding={value[1]}, strategy={value[2]}; ignored",
+              lambda c: (c.actor_rollout_ref.actor.use_prefix_grouper, c.actor_rollout_ref.model.use_remove_padding,
+                         c.actor_rollout_ref.actor.strategy)),
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
               "{key}={value} is not available in this build; running rlforge's native engine instead "
               "(hf where the model is not Llama/Qwen-family)"),

@@ -50,6 +50,10 @@ class TrainEngine(ABC):
     """Whether the LM head's full weight can be used after ``module``'s forward returned, inside
     the same autograd graph (the chunked LM-head log-probs of :mod:`rlforge.roles.fused_head`
     need it).  False where a wrapper re-shards it (FSDP1) or splits it (tensor parallelism)."""
+    share_prompts: bool = False
+    """Whether micro-batches run each prompt once for the rows that share it
+    (``actor.use_prefix_grouper``; set by the trainer where it can take effect): token-budget
+    splits keep a prompt's rows together and the packing plans use the shared-prompt layout."""
     packed_forward: bool = True
     """Whether forward and loss functions may call ``module`` on packed, padding-free rows
     (``model.use_remove_padding``).  False where the engine runs the model itself and hands the
@@ -111,14 +115,15 @@ def copy_full_params(params: Iterable[tuple[str, torch.Tensor]], target: torch.n
 
 
 def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: int | None, key: str,
-                  group: object = None) -> tuple[list[Batch], torch.Tensor | None]:
+                  group: object = None, share_prompts: bool = False) -> tuple[list[Batch], torch.Tensor | None]:
     """The micro-batches of ``batch`` and, for token-budget batches, the permutation that
-    restores the original order of concatenated outputs (None when the order is kept)."""
+    restores the original order of concatenated outputs (None when the order is kept).
+    ``share_prompts``: see :attr:`TrainEngine.share_prompts`."""
     if max_token_len is None:
         return batch.split(micro_batch_size), None
     from rlforge.engine.dynamic_batch import restore_order, split_by_token_budget
 
-    parts, order = split_by_token_budget(batch, max_token_len, key, group)
+    parts, order = split_by_token_budget(batch, max_token_len, key, group, share_prompts)
     return parts, restore_order(order)
 
 

@@ -229,8 +229,43 @@ def restore_order(order: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return inv
 
 
+def prompt_group_items(batch: Batch, max_token_len: int) -> tuple[list[list[int]], list[int]]:
+    """Rows with the same prompt (``input_ids`` at ``attention_mask == 1`` before the ``responses``
+    columns), in chunks whose shared token count (the prompt once plus every response) fits
+    ``max_token_len``: ``(items, weights)``, each item an ascending list of rows in first-seen order.
+    A batch without ``responses`` gives one item per row."""
+    valid = batch["attention_mask"].bool()
+    lens = [int(x) for x in valid.sum(-1).tolist()]
+    if "responses" not in batch or "input_ids" not in batch:
+        return [[i] for i in range(len(lens))], lens
+    width = valid.shape[1] - batch["responses"].shape[1]
+    ids = batch["input_ids"].cpu()
+    pvalid = valid[:, :width].cpu()
+    groups: dict[bytes, list[int]] = {}
+    for b in range(len(lens)):
+        groups.setdefault(ids[b, :width][pvalid[b]].numpy().tobytes(), []).append(b)
+    items: list[list[int]] = []
+    weights: list[int] = []
+    for rows in groups.values():
+        p = int(pvalid[rows[0]].sum())
+        cur: list[int] = []
+        w = 0
+        for b in rows:
+            extra = lens[b] - p if cur else lens[b]
+            if cur and w + extra > max_token_len:
+                items.append(cur)
+                weights.append(w)
+                cur, w, extra = [], 0, lens[b]
+            cur.append(b)
+            w += extra
+        items.append(cur)
+        weights.append(w)
+    return items, weights
+
+
 def split_by_token_budget(
-    batch: Batch, max_token_len: int, key: str, group: dist.ProcessGroup | None = None
+    batch: Batch, max_token_len: int, key: str, group: dist.ProcessGroup | None = None,
+    share_prompts: bool = False,
 ) -> tuple[list[Batch], list[int]]:
     """Split ``batch`` into token-budget micro-batches, the same count on every rank of ``group``.
 
@@ -239,6 +274,8 @@ def split_by_token_budget(
         max_token_len: per-micro-batch budget in valid tokens.
         key: the config key named in errors.
         group: data-parallel process group (None: the default group, if initialised).
+        share_prompts: keep the rows of a prompt together and count the prompt once
+            (``actor.use_prefix_grouper``; :func:`prompt_group_items`), partitioning those chunks.
     Returns:
         ``(micro_batches, order)``: ``order`` lists the original row of each row of
         ``Batch.concat(micro_batches)``; index the concatenated outputs with
@@ -251,13 +288,18 @@ def split_by_token_budget(
     if not lens:
         raise ValueError("cannot split an empty batch into micro-batches")
     _check_budget(lens, max_token_len, key)
-    m = _lower_bound(lens, max_token_len)
+    items, weights = prompt_group_items(batch, max_token_len) if share_prompts else ([[i] for i in range(len(lens))],
+                                                                                     lens)
+    m = _lower_bound(weights, max_token_len)
     while True:
         # every rank takes the same branch: the loop condition is an all-reduced value
         m_all = sync_num_micro_batches(m, group)
-        m_fit, parts = _smallest_fitting(lens, max_token_len, m_all)
+        if m_all > len(items) and len(items) < len(lens):  # another rank needs more parts than this has groups
+            items, weights = [[i] for i in range(len(lens))], lens
+        m_fit, parts = _smallest_fitting(weights, max_token_len, m_all)
         if sync_num_micro_batches(m_fit, group) == m_all:
             break
         m = m_fit
-    order = [i for p in parts for i in p]
-    return [batch.select(p) for p in parts], order
+    rows = [sorted(r for it in p for r in items[it]) for p in parts]
+    order = [i for p in rows for i in p]
+    return [batch.select(p) for p in rows], order

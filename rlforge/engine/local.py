@@ -63,9 +63,10 @@ class LocalEngine(TrainEngine):
         was_training = self.module.training
         self.module.eval()
         outs: dict[str, list[torch.Tensor]] = defaultdict(list)
-        parts, restore = micro_batches(batch, micro_batch_size, max_token_len, "log_prob_max_token_len_per_gpu")
+        parts, restore = micro_batches(batch, micro_batch_size, max_token_len, "log_prob_max_token_len_per_gpu",
+                                       share_prompts=self.share_prompts)
         try:
-            for mb in stage(parts, self.device):
+            for mb in stage(parts, self.device, self.share_prompts):
                 with self.autocast():
                     res = forward_fn(self.module, mb)
                 for k, v in res.items():
@@ -84,8 +85,9 @@ class LocalEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale(**loss_agg_globals(mini_batch["response_mask"].float()))
         per_micro: list[dict[str, Any]] = []
-        parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu")
-        for mb in stage(parts, self.device):
+        parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu",
+                                 share_prompts=self.share_prompts)
+        for mb in stage(parts, self.device, self.share_prompts):
             with self.autocast():
                 loss, metrics = loss_fn(self.module, mb, scale)
             loss.backward()

@@ -49,7 +49,9 @@ class PackedInputs:
     ``packed_index``: ``(B, T)`` int64, the packed position of each padded position
     (meaningless where ``valid`` is False); ``valid``: ``(B, T)`` bool attention mask;
     ``cu_seqlens``: ``(B + 1,)`` int32 sequence start offsets in the packed row;
-    ``max_len``: the longest sequence (a host int; None only where a caller builds one without it).
+    ``max_len``: the longest sequence (a host int; None only where a caller builds one without it);
+    ``kv_index``, ``cu_seqlens_k``, ``max_len_k``: the shared-prompt layout's keys (see
+    :class:`PackPlan`), None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -58,6 +60,9 @@ class PackedInputs:
     valid: torch.Tensor
     cu_seqlens: torch.Tensor
     max_len: int | None = None
+    kv_index: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_len_k: int | None = None
 
 
 PACK_PLAN = "pack_plan"
@@ -79,6 +84,17 @@ class PackPlan:
     whether every row's positions count ``0..len-1``; ``keep_flat``: ``(K,)`` int64 row-major
     indices into ``(B, R)`` of the response tokens that are real (``None`` without ``responses``);
     ``response_src``: ``(K,)`` int64, their predicting positions in the packed row.
+
+    Shared-prompt layout (``actor.use_prefix_grouper``, :func:`make_pack_plan` with
+    ``share_prompts``): rows whose prompt tokens are identical form a group; the packed row holds
+    the group's prompt once, then each member's response.  ``cu_seqlens`` / ``max_len`` then bound
+    the *query* segments (a group's prompt, then each response); ``kv_index`` ``(Nk,)`` int64 lists
+    the packed positions each segment attends to, segment after segment (the prompt: itself; a
+    response: the prompt, then itself), with offsets ``cu_seqlens_k`` and longest ``max_len_k``;
+    attention is causal with the diagonal at each segment's end (a response's first token sees the
+    whole prompt).  ``packed_index`` maps a member's prompt positions to the group's one copy, so
+    ``response_src`` (and every gather through ``packed_index``) needs no other change.  Without
+    sharing these three fields are None.
     """
 
     shape: tuple[int, int]
@@ -89,19 +105,36 @@ class PackPlan:
     positions_ok: bool
     keep_flat: torch.Tensor | None = None
     response_src: torch.Tensor | None = None
+    kv_index: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_len_k: int | None = None
 
     def to_device(self, device: torch.device | str) -> PackPlan:
         """The same plan with its tensors on ``device``."""
         mv = {k: getattr(self, k).to(device) for k in ("flat", "cu_seqlens", "packed_index", "keep_flat",
-                                                       "response_src") if getattr(self, k) is not None}
+                                                       "response_src", "kv_index", "cu_seqlens_k")
+              if getattr(self, k) is not None}
         return replace(self, **mv)
 
+    @property
+    def shared(self) -> bool:
+        """Whether the plan is the shared-prompt layout."""
+        return self.kv_index is not None
 
-def make_pack_plan(mb: Batch) -> PackPlan:
+
+def make_pack_plan(mb: Batch, share_prompts: bool = False) -> PackPlan:
     """The :class:`PackPlan` of a micro-batch with ``attention_mask`` ``(B, T)`` (and optionally
     ``position_ids (B, T)`` and ``responses (B, R)``), computed where its tensors are: on the host
     before staging (no device read later), or on the device as a fallback (then ``nonzero``,
-    ``max`` and the position check each read the device once)."""
+    ``max`` and the position check each read the device once).
+
+    ``share_prompts``: the shared-prompt layout (see :class:`PackPlan`) when the micro-batch has
+    ``input_ids``, ``position_ids`` and ``responses`` on the CPU and at least two rows with the same
+    prompt; otherwise the plain layout."""
+    if share_prompts:
+        plan = _shared_plan(mb)
+        if plan is not None:
+            return plan
     valid = mb["attention_mask"].bool()
     dev = valid.device
     rows, total = valid.shape
@@ -117,21 +150,93 @@ def make_pack_plan(mb: Batch) -> PackPlan:
     packed_index = (torch.cumsum(valid.reshape(-1).long(), 0) - 1).clamp_min(0).view_as(valid)
     keep_flat = src = None
     if "responses" in mb:
-        resp_len = mb["responses"].shape[1]
-        cols = slice(total - resp_len - 1, total - 1)
-        keep = valid[:, cols] & valid[:, total - resp_len:]
-        keep_flat = keep.reshape(-1).nonzero().squeeze(1)
-        src = packed_index[:, cols].reshape(-1).index_select(0, keep_flat)
+        keep_flat, src = _response_gather_plan(valid, packed_index, mb["responses"].shape[1])
     return PackPlan((rows, total), flat, cu, int(lens.max()) if rows else 0, packed_index, positions_ok,
                     keep_flat, src)
 
 
-def with_pack_plan(mb: Batch) -> Batch:
+def _response_gather_plan(valid: torch.Tensor, packed_index: torch.Tensor, resp_len: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep_flat, response_src)`` of :class:`PackPlan` from the ``(B, T)`` mask and packed index."""
+    total = valid.shape[1]
+    cols = slice(total - resp_len - 1, total - 1)
+    keep = valid[:, cols] & valid[:, total - resp_len:]
+    keep_flat = keep.reshape(-1).nonzero().squeeze(1)
+    return keep_flat, packed_index[:, cols].reshape(-1).index_select(0, keep_flat)
+
+
+def _shared_plan(mb: Batch) -> PackPlan | None:
+    """The shared-prompt :class:`PackPlan`, or None where it does not apply (no ``responses``,
+    ``input_ids`` or ``position_ids``, tensors off the CPU, a row without prompt tokens, or no
+    two rows with the same prompt)."""
+    if not all(k in mb for k in ("input_ids", "position_ids", "responses")):
+        return None
+    valid = mb["attention_mask"].bool()
+    if valid.device.type != "cpu":
+        return None
+    rows, total = valid.shape
+    resp_len = mb["responses"].shape[1]
+    width = total - resp_len  # prompt columns (left-padded), then response columns (right-padded)
+    ids = mb["input_ids"]
+    prompt_cols = [valid[b, :width].nonzero().squeeze(1) for b in range(rows)]
+    resp_cols = [valid[b, width:].nonzero().squeeze(1) + width for b in range(rows)]
+    if any(c.numel() == 0 for c in prompt_cols):
+        return None
+    groups: dict[bytes, list[int]] = {}
+    for b in range(rows):
+        groups.setdefault(ids[b, prompt_cols[b]].numpy().tobytes(), []).append(b)
+    if all(len(g) == 1 for g in groups.values()):
+        return None
+    flat: list[torch.Tensor] = []
+    q_lens: list[int] = []
+    kv: list[torch.Tensor] = []
+    k_lens: list[int] = []
+    packed_index = torch.zeros((rows, total), dtype=torch.long)
+    n = 0
+    for members in groups.values():
+        lead = members[0]
+        p = prompt_cols[lead]
+        prompt_pos = torch.arange(n, n + p.numel())
+        flat.append(lead * total + p)
+        q_lens.append(p.numel())
+        kv.append(prompt_pos)
+        k_lens.append(p.numel())
+        n += p.numel()
+        for b in members:
+            packed_index[b, p] = prompt_pos
+            r = resp_cols[b]
+            if r.numel() == 0:
+                continue
+            resp_pos = torch.arange(n, n + r.numel())
+            packed_index[b, r] = resp_pos
+            flat.append(b * total + r)
+            q_lens.append(r.numel())
+            kv.append(torch.cat([prompt_pos, resp_pos]))
+            k_lens.append(p.numel() + r.numel())
+            n += r.numel()
+    flat_t = torch.cat(flat)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    cu_k = torch.zeros(len(k_lens) + 1, dtype=torch.int32)
+    cu_k[1:] = torch.cumsum(torch.tensor(k_lens), 0)
+    kv_index = torch.cat(kv)
+    # each key's position must be its place in its segment: a prompt counts 0..P-1, a response P..P+R-1
+    pos = mb["position_ids"].reshape(-1).index_select(0, flat_t)
+    key_pos = pos.index_select(0, kv_index)
+    expected = torch.arange(kv_index.numel()) - torch.repeat_interleave(cu_k[:-1].long(), torch.tensor(k_lens))
+    positions_ok = bool(torch.equal(key_pos, expected))
+    keep_flat, src = _response_gather_plan(valid, packed_index, resp_len)
+    return PackPlan((rows, total), flat_t, cu, max(q_lens), packed_index, positions_ok, keep_flat, src,
+                    kv_index, cu_k, max(k_lens))
+
+
+def with_pack_plan(mb: Batch, share_prompts: bool = False) -> Batch:
     """``mb`` with its :class:`PackPlan` in ``meta`` (a shallow copy), when its tensors are on the
-    CPU and it has ``attention_mask`` and ``position_ids``; otherwise ``mb`` unchanged."""
+    CPU and it has ``attention_mask`` and ``position_ids``; otherwise ``mb`` unchanged.
+    ``share_prompts``: see :func:`make_pack_plan`."""
     if "attention_mask" not in mb or "position_ids" not in mb or mb["attention_mask"].device.type != "cpu":
         return mb
-    return Batch(mb.tensors, mb.non_tensor, {**mb.meta, PACK_PLAN: make_pack_plan(mb)})
+    return Batch(mb.tensors, mb.non_tensor, {**mb.meta, PACK_PLAN: make_pack_plan(mb, share_prompts)})
 
 
 def plan_of(mb: Batch) -> PackPlan | None:
@@ -161,14 +266,16 @@ def pack(mb: Batch) -> PackedInputs:
         raise ValueError(_POSITIONS_MSG)
     ids = mb["input_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
     pos = mb["position_ids"].reshape(-1).index_select(0, plan.flat).unsqueeze(0)
-    return PackedInputs(ids, pos, plan.packed_index, mb["attention_mask"].bool(), plan.cu_seqlens, plan.max_len)
+    return PackedInputs(ids, pos, plan.packed_index, mb["attention_mask"].bool(), plan.cu_seqlens, plan.max_len,
+                        plan.kv_index, plan.cu_seqlens_k, plan.max_len_k)
 
 
 def _packed_forward(module: torch.nn.Module, packed: PackedInputs) -> torch.Tensor:
     """The model's ``logits`` ``(1, N, out)`` on the packed row (attention mask left None so
     that transformers derives the block-diagonal mask from ``position_ids``, or the varlen
     arguments of :func:`~rlforge.engine.varlen.packed_attention_args`)."""
-    mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
+    mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len, packed.kv_index,
+                                                  packed.cu_seqlens_k, packed.max_len_k)
     with fsdp2_view_outputs_ok():
         out = module(
             input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
@@ -203,7 +310,8 @@ def packed_response_log_probs(
     """
     packed = pack(mb)
     if chunk_size > 0:
-        mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len)
+        mask, attn_kwargs = packed_attention_args(module, packed.cu_seqlens, packed.max_len, packed.kv_index,
+                                                  packed.cu_seqlens_k, packed.max_len_k)
         hidden = last_hidden_states(module, packed.input_ids, mask, packed.position_ids, **attn_kwargs)[0]  # (N, hidden)
         plan = plan_or_make(mb)
         assert plan.response_src is not None and plan.keep_flat is not None  # mb has responses

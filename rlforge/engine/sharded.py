@@ -170,7 +170,7 @@ class ShardedEngine(TrainEngine):
             return batch.split(micro_batch_size), None
         from rlforge.engine.dynamic_batch import split_by_token_budget  # written alongside; lazy
 
-        return split_by_token_budget(batch, max_token_len, "ppo_max_token_len_per_gpu", None)
+        return split_by_token_budget(batch, max_token_len, "ppo_max_token_len_per_gpu", None, self.share_prompts)
 
     def _padded(self, micros: list[Batch]) -> Iterator[tuple[Batch, bool]]:
         """The micro-batches, then repeats of the first (flagged False) up to the ranks' maximum count."""
@@ -185,7 +185,7 @@ class ShardedEngine(TrainEngine):
         was_training = self.module.training
         self.module.eval()
         micros, order = self._split(batch, micro_batch_size, max_token_len)
-        micros = stage(micros, self.device)
+        micros = stage(micros, self.device, self.share_prompts)
         outs: dict[str, list[torch.Tensor]] = defaultdict(list)
         try:
             for mb, real in self._padded(micros):
@@ -220,7 +220,7 @@ class ShardedEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.loss_scale(mini_batch)
         micros, _ = self._split(mini_batch, micro_batch_size, max_token_len)
-        micros = stage(micros, self.device)
+        micros = stage(micros, self.device, self.share_prompts)
         per_micro: list[dict[str, Any]] = []
         for mb, real in self._padded(micros):
             loss, metrics = loss_fn(self.module, mb, scale)

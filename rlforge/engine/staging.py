@@ -23,10 +23,11 @@ from rlforge.batch import Batch
 from rlforge.engine.packing import with_pack_plan
 
 
-def stage(micros: Sequence[Batch], device: torch.device) -> list[Batch]:
-    """``micros`` on ``device``, each with its packing plan (:class:`~rlforge.engine.packing.PackPlan`)
-    computed on the host first (micro-batches already on a device are moved unchanged)."""
-    return [with_pack_plan(mb).to(device) for mb in micros]
+def stage(micros: Sequence[Batch], device: torch.device, share_prompts: bool = False) -> list[Batch]:
+    """``micros`` on ``device``, each with its packing plan (:class:`~rlforge.engine.packing.PackPlan`,
+    the shared-prompt layout with ``share_prompts``) computed on the host first (micro-batches
+    already on a device are moved unchanged)."""
+    return [with_pack_plan(mb, share_prompts).to(device) for mb in micros]
 
 
 def metrics_to_floats(per_micro: Sequence[dict[str, Any]]) -> list[dict[str, float]]:

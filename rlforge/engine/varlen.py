@@ -89,8 +89,13 @@ def attn_implementation(module: torch.nn.Module) -> str | None:
     return getattr(cfg, "_attn_implementation", None)
 
 
-def packed_attention_args(module: torch.nn.Module, cu_seqlens: torch.Tensor,
-                          max_len: int | None = None) -> tuple[torch.Tensor | None, dict]:
+KV_INDEX_KWARG = "rlforge_kv_index"
+"""The model kwarg of the shared-prompt layout's key positions (passed through to the attention function)."""
+
+
+def packed_attention_args(module: torch.nn.Module, cu_seqlens: torch.Tensor, max_len: int | None = None,
+                          kv_index: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                          max_len_k: int | None = None) -> tuple[torch.Tensor | None, dict]:
     """``(attention_mask, extra model kwargs)`` for a packed row with sequence offsets
     ``cu_seqlens`` ``(num_seqs + 1,)`` int32 whose longest sequence is ``max_len`` tokens.
 
@@ -98,14 +103,27 @@ def packed_attention_args(module: torch.nn.Module, cu_seqlens: torch.Tensor,
     no ``(N, N)`` mask) and the ``cu_seq_lens_q/k``, ``max_length_q/k`` kwargs (``max_len=None``:
     one host read of the device offsets for the longest sequence).  Otherwise ``(None, {})``:
     transformers derives the block-diagonal mask from the position resets.
+
+    The shared-prompt layout (:class:`~rlforge.engine.packing.PackPlan`) also gives ``kv_index``
+    ``(Nk,)`` int64, the key offsets ``cu_seqlens_k`` and the longest key segment ``max_len_k``.
+
+    Raises:
+        ValueError: ``kv_index`` for a model not on ``rlforge_varlen`` (no other attention can
+            read the layout).
     """
     if attn_implementation(module) != ATTN_IMPLEMENTATION:
+        if kv_index is not None:
+            raise ValueError("the shared-prompt packed layout needs attn_implementation='rlforge_varlen', "
+                             f"the model has {attn_implementation(module)!r}")
         return None, {}
     if max_len is None:
         max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
     placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=cu_seqlens.device)
-    kwargs = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_len,
-              "max_length_k": max_len}
+    kwargs: dict[str, Any] = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_len,
+                              "max_length_k": max_len}
+    if kv_index is not None:
+        assert cu_seqlens_k is not None and max_len_k is not None
+        kwargs.update({"cu_seq_lens_k": cu_seqlens_k, "max_length_k": max_len_k, KV_INDEX_KWARG: kv_index})
     return placeholder, kwargs
 
 
@@ -125,7 +143,10 @@ def varlen_attention_forward(
         query: ``(B, Hq, S, D)``; key, value: ``(B, Hkv, S, D)``, ``Hq % Hkv == 0``.
         attention_mask: ignored on the packed path; passed on to sdpa otherwise.
         kwargs: with ``cu_seq_lens_q`` ``(num_seqs + 1,)`` int32 (and ``cu_seq_lens_k``,
-            ``max_length_q``, ``max_length_k``), the packed path (``B == 1``); else sdpa.
+            ``max_length_q``, ``max_length_k``), the packed path (``B == 1``); else sdpa.  With
+            ``rlforge_kv_index`` ``(Nk,)`` int64 as well (the shared-prompt layout), the keys and
+            values of query segment ``i`` are the packed rows ``kv_index[cu_k[i]:cu_k[i+1]]``, and
+            each query attends causally with the diagonal at its segment's end (bottom-right).
 
     Returns:
         ``(attn_output (B, S, Hq, D), None)``.
@@ -151,6 +172,9 @@ def varlen_attention_forward(
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     window = int(window) if window and window > 0 else None
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (N, H, D)
+    kv_index = kwargs.get(KV_INDEX_KWARG)
+    if kv_index is not None:  # shared prompts: each segment's keys gathered (differentiable; grads sum)
+        k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
     out = _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window)
     if out is None:
         out = sdpa_varlen_reference(q, k, v, cu_q, cu_k, scaling, window)
@@ -210,7 +234,9 @@ def call_varlen_attn(fn: Callable[..., torch.Tensor], params: frozenset[str], q:
 def sdpa_varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                           cu_k: torch.Tensor, scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention per sequence with ``F.scaled_dot_product_attention``: the CPU path and
-    the reference for the CUDA kernel.
+    the reference for the CUDA kernel.  Where a query segment is shorter than its key segment (the
+    shared-prompt layout) the causal diagonal sits at the segment's end: query ``i`` of ``Lq`` sees
+    keys ``j <= i + Lk - Lq``, as in flash attention.
 
     Args:
         q: ``(Nq, Hq, D)``; k, v: ``(Nk, Hkv, D)``; cu_q, cu_k: ``(num_seqs + 1,)`` offsets.
@@ -226,10 +252,13 @@ def sdpa_varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
             continue
         qi, ki, vi = (t.transpose(0, 1)[None] for t in (q[qs:qe], k[ks:ke], v[ks:ke]))  # (1, H, L, D)
         mask = None
-        if window is not None and ke - ks > window:
+        if (window is not None and ke - ks > window) or ke - ks != qe - qs:
+            # causal with the diagonal at the segment's end (bottom-right, as the flash kernel aligns it)
             i = torch.arange(qe - qs, device=q.device)[:, None] + (ke - ks) - (qe - qs)
             j = torch.arange(ke - ks, device=q.device)[None, :]
-            mask = (j <= i) & (j > i - window)
+            mask = j <= i
+            if window is not None:
+                mask = mask & (j > i - window)
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=scale,
                                            enable_gqa=gqa)
         outs.append(o[0].transpose(0, 1))

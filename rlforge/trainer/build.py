@@ -21,7 +21,7 @@ from rlforge.engine import ENGINES, TrainEngine
 from rlforge.engine.adapter_off import AdapterOffEngine
 from rlforge.engine.base import copy_full_params
 from rlforge.engine.distributed import init_distributed, init_single_process
-from rlforge.engine.varlen import maybe_select_varlen
+from rlforge.engine.varlen import ATTN_IMPLEMENTATION, attn_implementation, maybe_select_varlen
 from rlforge.errors import ConfigError
 from rlforge.launch import under_launcher
 from rlforge.models import load_causal_lm, load_tokenizer, load_value_model
@@ -58,6 +58,22 @@ def pick_device(name: str) -> torch.device:
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bfloat16 autocast on CUDA (float32 master weights), none on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def _prefix_grouper(module: torch.nn.Module, packed: bool) -> bool:
+    """Whether ``actor.use_prefix_grouper=true`` takes effect: on the padding-free forward
+    (``packed``; otherwise ``config.later_work`` has warned) with ``rlforge_varlen`` attention
+    (a warning where the model has another, e.g. on CPU, where it is chosen only by
+    ``model.override_config.attn_implementation=rlforge_varlen``)."""
+    if not packed:
+        return False
+    impl = attn_implementation(module)
+    if impl != ATTN_IMPLEMENTATION:
+        warnings.warn(f"actor_rollout_ref.actor.use_prefix_grouper=true needs the {ATTN_IMPLEMENTATION!r} attention, "
+                      f"the model has {impl!r} (it is chosen on CUDA, or by actor_rollout_ref.model.override_config."
+                      f"attn_implementation={ATTN_IMPLEMENTATION}); ignored", stacklevel=2)
+        return False
+    return True
 
 
 def _check_context_length(cfg: Any, module: torch.nn.Module) -> None:
@@ -298,6 +314,11 @@ def build_job(cfg: Any) -> Job:
                   remove_padding=remove_padding and actor_engine.packed_forward,
                   head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, actor_module,
                                                   actor_engine, "actor_rollout_ref.actor.use_fused_kernels"))
+    if arr.actor.use_prefix_grouper:
+        share = _prefix_grouper(actor_module, remove_padding and actor_engine.packed_forward)
+        actor_engine.share_prompts = share  # also the LoRA reference's engine (the adapter off)
+        if ref is not None:
+            ref.engine.share_prompts = share
     if lora is not None:
         actor_engine.trainable_state_only = True  # checkpoints hold the adapter and its optimizer state
         if need_ref:
