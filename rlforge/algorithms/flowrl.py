@@ -59,6 +59,12 @@ def _check_inputs(inputs: PolicyLossInputs, cfg: Any) -> None:
         raise ConfigError("policy_loss.loss_mode=flowrl is missing inputs: " + "; ".join(missing))
 
 
+REWARD_TARGET_KEY = "flowrl_reward_target"
+"""``PolicyLossInputs.extra`` key of ``r_hat`` (B,) computed over the whole batch before it is split
+into micro-batches (the actor does this), so that ``group_norm`` sees every row of a group whatever
+the micro-batch split."""
+
+
 def flowrl_reward_target(token_level_rewards: torch.Tensor, index: Any, reward: str) -> torch.Tensor:
     """``r_hat`` (B,): the sequence score ``s = sum_t rewards`` (``raw``) or GRPO's group-normalized
     ``(s - mean_g) / (std_g + 1e-6)`` (``group_norm``, groups by ``index``).  No grad."""
@@ -76,7 +82,8 @@ def compute_policy_loss_flowrl(inputs: PolicyLossInputs, config: Any) -> PolicyL
         inputs: ``log_prob`` (B, R) with grad, ``old_log_prob`` (B, R), ``response_mask`` (B, R),
             ``log_z`` (B,) with grad, ``token_level_rewards`` (B, R), ``index`` (B,) for
             ``reward=group_norm``, ``ref_log_prob`` (B, R) for ``use_ref=true``.  ``advantages``
-            is not read.  ``global_num_seqs`` makes the result this micro-batch's share.
+            is not read.  ``extra[REWARD_TARGET_KEY]`` (B,), when given, is ``r_hat`` as computed over
+            the whole batch (group statistics of full groups); otherwise it is computed on this batch.  ``global_num_seqs`` makes the result this micro-batch's share.
         config: the actor config; reads ``policy_loss.flowrl`` (:class:`FlowRLConfig`).
 
     Returns:
@@ -99,7 +106,10 @@ def compute_policy_loss_flowrl(inputs: PolicyLossInputs, config: Any) -> PolicyL
         raise ValueError(f"log_z has {log_z.shape[0]} entries for a batch of {batch}; expected (B,)")
     lengths = mask.sum(dim=-1).clamp_min(1.0)
     mean_log_prob = (inputs.log_prob * mask).sum(dim=-1) / lengths
-    r_hat = flowrl_reward_target(inputs.token_level_rewards, inputs.index, cfg.reward).to(mean_log_prob.dtype)
+    r_hat = inputs.extra.get(REWARD_TARGET_KEY)  # the whole batch's, where the caller computed it
+    if r_hat is None:
+        r_hat = flowrl_reward_target(inputs.token_level_rewards, inputs.index, cfg.reward)
+    r_hat = r_hat.to(mean_log_prob.dtype)
     delta = log_z + mean_log_prob - float(cfg.beta) * r_hat
     if cfg.use_ref:
         delta = delta - (inputs.ref_log_prob.detach() * mask).sum(dim=-1) / lengths

@@ -300,11 +300,6 @@ def _warnings(cfg: RLForgeConfig) -> list[str]:
         out.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} with {_ARR}.rollout.n=1: every group has one "
                    f"response, so there is no group baseline (the estimator's size-1 rule applies); "
                    f"set {_ARR}.rollout.n>=2")
-    actor = cfg.actor_rollout_ref.actor
-    if (actor.policy_loss.loss_mode == "flowrl" and actor.policy_loss.flowrl.reward == "group_norm"
-            and actor.use_dynamic_bsz):
-        out.append(f"{_ARR}.actor.use_dynamic_bsz packs micro batches by tokens and may split prompt groups; "
-                   f"{_ARR}.actor.policy_loss.flowrl.reward=group_norm then normalizes over partial groups")
     if cfg.algorithm.use_kl_in_reward and cfg.actor_rollout_ref.actor.use_kl_loss:
         out.append("algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both on: KL is penalised twice")
     for key in (f"{_ARR}.actor.ppo_micro_batch_size", "critic.ppo_micro_batch_size"):

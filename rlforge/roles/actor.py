@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_penalty
+from rlforge.algorithms.flowrl import REWARD_TARGET_KEY, flowrl_reward_target
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
@@ -122,6 +123,7 @@ class Actor(LogProbModel):
                     token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
                     index=mb.non_tensor.get("uid"),
                     log_z=log_z,
+                    extra={REWARD_TARGET_KEY: mb[REWARD_TARGET_KEY]} if REWARD_TARGET_KEY in mb else {},
                 ),
                 cfg,
             )
@@ -156,6 +158,12 @@ class Actor(LogProbModel):
         keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards") if k in batch]
         uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
         data = Batch(batch.tensors.select(*keys), uid, {})
+        flow = self.cfg.policy_loss.flowrl
+        if (self.cfg.policy_loss.loss_mode == "flowrl" and "token_level_rewards" in batch
+                and (flow.reward == "raw" or flow.reward == "group_norm" and uid)):
+            # r_hat over the whole batch: group_norm on a micro-batch would see part of a group
+            data[REWARD_TARGET_KEY] = flowrl_reward_target(batch["token_level_rewards"], uid.get("uid"),
+                                                           flow.reward).float()
         record: list[tuple[torch.Tensor, ...]] | None = None
         if on_policy:
             if self.cfg.ppo_epochs != 1 or len(batch) > self.mini_batch_size:

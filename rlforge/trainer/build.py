@@ -69,7 +69,7 @@ def _prefix_grouper(module: torch.nn.Module, packed: bool) -> bool:
         return False
     impl = attn_implementation(module)
     if impl != ATTN_IMPLEMENTATION:
-        warnings.warn(f"actor_rollout_ref.actor.use_prefix_grouper=true needs the {ATTN_IMPLEMENTATION!r} attention, "
+        warnings.warn(f"actor_rollout_ref.actor.use_prefix_grouper=True needs the {ATTN_IMPLEMENTATION!r} attention, "
                       f"the model has {impl!r} (it is chosen on CUDA, or by actor_rollout_ref.model.override_config."
                       f"attn_implementation={ATTN_IMPLEMENTATION}); ignored", stacklevel=2)
         return False

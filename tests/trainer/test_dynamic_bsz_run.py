@@ -46,3 +46,20 @@ def test_dynamic_bsz_and_remove_padding_match_fixed_padded(tmp_path):
     assert dyn["response_length/mean"] == ref["response_length/mean"]
     for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
         assert dyn[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+
+
+def test_flowrl_group_norm_does_not_depend_on_the_micro_batch_split(tmp_path):
+    """FlowRL's group-normalised reward target is computed over the whole batch before the split:
+    token budgets that cut the groups differently give the same loss and gradient norm (before the
+    fix, group statistics came from each micro-batch's share of a group: pg_loss 82.2 against 168.1)."""
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return (sum(map(ord, solution_str)) % 7) / 7\n")
+    flow = ["actor_rollout_ref.actor.policy_loss.loss_mode=flowrl", f"custom_reward_function.path={reward}",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    small = step(tmp_path / "small", *flow, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=80")
+    large = step(tmp_path / "large", *flow, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4000")
+    assert small["response_length/mean"] == large["response_length/mean"]
+    assert small["critic/score/max"] > small["critic/score/min"]  # the group-normalised target is not all zeros
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert small[key] == pytest.approx(large[key], rel=1e-4, abs=1e-6), key

@@ -67,7 +67,7 @@ def test_where_it_cannot_take_effect(tiny_tokenizer):
     from rlforge.models import load_causal_lm
 
     sdpa = load_causal_lm("preset:tiny", tiny_tokenizer, {}, seed=1)
-    with pytest.warns(UserWarning, match="use_prefix_grouper=true needs the 'rlforge_varlen' attention"):
+    with pytest.warns(UserWarning, match="use_prefix_grouper=True needs the 'rlforge_varlen' attention"):
         assert _prefix_grouper(sdpa, packed=True) is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the padded forward: config.later_work has already warned
