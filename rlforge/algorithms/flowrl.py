@@ -83,7 +83,8 @@ def compute_policy_loss_flowrl(inputs: PolicyLossInputs, config: Any) -> PolicyL
             ``log_z`` (B,) with grad, ``token_level_rewards`` (B, R), ``index`` (B,) for
             ``reward=group_norm``, ``ref_log_prob`` (B, R) for ``use_ref=true``.  ``advantages``
             is not read.  ``extra[REWARD_TARGET_KEY]`` (B,), when given, is ``r_hat`` as computed over
-            the whole batch (group statistics of full groups); otherwise it is computed on this batch.  ``global_num_seqs`` makes the result this micro-batch's share.
+            the whole batch (group statistics of full groups); otherwise it is computed on this batch.
+            ``global_num_seqs`` makes the result this micro-batch's share.
         config: the actor config; reads ``policy_loss.flowrl`` (:class:`FlowRLConfig`).
 
     Returns:

@@ -234,20 +234,17 @@ def prompt_group_items(batch: Batch, max_token_len: int) -> tuple[list[list[int]
     columns), in chunks whose shared token count (the prompt once plus every response) fits
     ``max_token_len``: ``(items, weights)``, each item an ascending list of rows in first-seen order.
     A batch without ``responses`` gives one item per row."""
+    from rlforge.engine.packing import prompt_groups
+
     valid = batch["attention_mask"].bool()
     lens = [int(x) for x in valid.sum(-1).tolist()]
     if "responses" not in batch or "input_ids" not in batch:
         return [[i] for i in range(len(lens))], lens
     width = valid.shape[1] - batch["responses"].shape[1]
-    ids = batch["input_ids"].cpu()
-    pvalid = valid[:, :width].cpu()
-    groups: dict[bytes, list[int]] = {}
-    for b in range(len(lens)):
-        groups.setdefault(ids[b, :width][pvalid[b]].numpy().tobytes(), []).append(b)
     items: list[list[int]] = []
     weights: list[int] = []
-    for rows in groups.values():
-        p = int(pvalid[rows[0]].sum())
+    for rows in prompt_groups(batch):
+        p = int(valid[rows[0], :width].sum())
         cur: list[int] = []
         w = 0
         for b in rows:

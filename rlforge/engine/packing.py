@@ -165,6 +165,19 @@ def _response_gather_plan(valid: torch.Tensor, packed_index: torch.Tensor, resp_
     return keep_flat, packed_index[:, cols].reshape(-1).index_select(0, keep_flat)
 
 
+def prompt_groups(mb: Batch) -> list[list[int]]:
+    """The rows of ``mb`` grouped by identical prompt (the ``input_ids`` at ``attention_mask == 1``
+    in the columns before ``responses``), each group ascending, groups in first-seen order.
+    Needs ``attention_mask``, ``input_ids`` and ``responses``."""
+    valid = mb["attention_mask"].bool().cpu()
+    width = valid.shape[1] - mb["responses"].shape[1]  # prompt columns (left-padded), then the response
+    ids = mb["input_ids"][:, :width].cpu()
+    groups: dict[bytes, list[int]] = {}
+    for b in range(valid.shape[0]):
+        groups.setdefault(ids[b][valid[b, :width]].numpy().tobytes(), []).append(b)
+    return list(groups.values())
+
+
 def _shared_plan(mb: Batch) -> PackPlan | None:
     """The shared-prompt :class:`PackPlan`, or None where it does not apply (no ``responses``,
     ``input_ids`` or ``position_ids``, tensors off the CPU, a row without prompt tokens, or no
@@ -177,15 +190,12 @@ def _shared_plan(mb: Batch) -> PackPlan | None:
     rows, total = valid.shape
     resp_len = mb["responses"].shape[1]
     width = total - resp_len  # prompt columns (left-padded), then response columns (right-padded)
-    ids = mb["input_ids"]
     prompt_cols = [valid[b, :width].nonzero().squeeze(1) for b in range(rows)]
     resp_cols = [valid[b, width:].nonzero().squeeze(1) + width for b in range(rows)]
     if any(c.numel() == 0 for c in prompt_cols):
         return None
-    groups: dict[bytes, list[int]] = {}
-    for b in range(rows):
-        groups.setdefault(ids[b, prompt_cols[b]].numpy().tobytes(), []).append(b)
-    if all(len(g) == 1 for g in groups.values()):
+    groups = prompt_groups(mb)
+    if all(len(g) == 1 for g in groups):
         return None
     flat: list[torch.Tensor] = []
     q_lens: list[int] = []
@@ -193,7 +203,7 @@ def _shared_plan(mb: Batch) -> PackPlan | None:
     k_lens: list[int] = []
     packed_index = torch.zeros((rows, total), dtype=torch.long)
     n = 0
-    for members in groups.values():
+    for members in groups:
         lead = members[0]
         p = prompt_cols[lead]
         prompt_pos = torch.arange(n, n + p.numel())
