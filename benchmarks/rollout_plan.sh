@@ -27,6 +27,7 @@
 #   lt        (~7 min)  0.5B long tail in one run: native (median of 3), continuous batching (all 512), generate
 #                       (60 s after a 60 s warm-up of the same call)
 #   lt128     (~5 min)  the same on 128 long-tail prompts (continuous batching did not finish 512 in 7 minutes)
+#   lt128g    (~3 min)  lt128's generate row beside native (60 s of generate after a 60 s warm-up)
 #   e2etrl    (~7 min)  e2e_grpo 0.5B, small workload (8 prompts x 8, 128 + 128 tokens), rlforge beside trl-fast
 #                       and trl-cb, 3 interleaved repetitions
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
@@ -108,6 +109,11 @@ step_lt128() {  # the long tail on 128 prompts, so that continuous batching can 
   timeout -k 30 420 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --longtail-prompts 128 --skip-grpo \
     --longtail-hf-setups cb,generate --hf-max-time 60 --variants triton-graph --native-reps 3 \
     --json "$P/lt128.json" > "$P/lt128.txt" 2>&1
+}
+step_lt128g() {  # lt128's generate row alone (lt128 ran out of its limit after continuous batching's 333 s)
+  timeout -k 30 400 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --longtail-prompts 128 --skip-grpo \
+    --longtail-hf-setups generate --hf-max-time 60 --variants triton-graph --native-reps 3 \
+    --json "$P/lt128g.json" > "$P/lt128g.txt" 2>&1
 }
 step_e2etrl() {  # issue 17: e2e with both TRL rows, same weights, 3 interleaved repetitions (a small workload: TRL's
   # continuous batching generates at 1-2k tokens/s here)

@@ -60,15 +60,19 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" else None
 
 
-def _prefix_grouper(module: torch.nn.Module, packed: bool) -> bool:
-    """Whether ``actor.use_prefix_grouper=true`` takes effect: on the padding-free forward
-    (``packed``; otherwise ``config.later_work`` has warned) with ``rlforge_varlen`` attention
-    (a warning where the model has another, e.g. on CPU, where it is chosen only by
-    ``model.override_config.attn_implementation=rlforge_varlen``)."""
-    if not packed:
+def _prefix_grouper(module: torch.nn.Module, packed: bool, choice: bool | None, n: int) -> bool:
+    """Whether ``actor.use_prefix_grouper`` takes effect.  ``choice`` True: on the padding-free
+    forward (``packed``; otherwise ``config.later_work`` has warned) with ``rlforge_varlen``
+    attention (a warning where the model has another, e.g. on CPU, where it is chosen only by
+    ``model.override_config.attn_implementation=rlforge_varlen``).  None (the default): the same,
+    without warnings, and only where a prompt has several responses (``rollout.n`` = ``n`` > 1).
+    False: never."""
+    if choice is False or not packed or (choice is None and n <= 1):
         return False
     impl = attn_implementation(module)
     if impl != ATTN_IMPLEMENTATION:
+        if choice is None:
+            return False
         warnings.warn(f"actor_rollout_ref.actor.use_prefix_grouper=True needs the {ATTN_IMPLEMENTATION!r} attention, "
                       f"the model has {impl!r} (it is chosen on CUDA, or by actor_rollout_ref.model.override_config."
                       f"attn_implementation={ATTN_IMPLEMENTATION}); ignored", stacklevel=2)
@@ -314,8 +318,9 @@ def build_job(cfg: Any) -> Job:
                   remove_padding=remove_padding and actor_engine.packed_forward,
                   head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, actor_module,
                                                   actor_engine, "actor_rollout_ref.actor.use_fused_kernels"))
-    if arr.actor.use_prefix_grouper:
-        share = _prefix_grouper(actor_module, remove_padding and actor_engine.packed_forward)
+    if arr.actor.use_prefix_grouper is not False:
+        share = _prefix_grouper(actor_module, remove_padding and actor_engine.packed_forward,
+                                arr.actor.use_prefix_grouper, int(arr.rollout.n))
         actor_engine.share_prompts = share  # also the LoRA reference's engine (the adapter off)
         if ref is not None:
             ref.engine.share_prompts = share

@@ -201,7 +201,7 @@ def test_cuda_shared_layout_matches_the_sdpa_reference(varlen_model, batch):
     g_got = torch.autograd.grad(got.float(), (q, k, v), grad)
     g_ref = torch.autograd.grad(ref, (q, k, v), grad.double())
     for a, b in zip(g_got, g_ref, strict=True):
-        torch.testing.assert_close(a.double(), b, atol=5e-2, rtol=0)
+        torch.testing.assert_close(a.double(), b.double(), atol=5e-2, rtol=0)
 
 
 def test_more_parts_than_groups_splits_the_groups(batch, monkeypatch):

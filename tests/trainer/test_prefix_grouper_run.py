@@ -44,8 +44,10 @@ def step(tmp, *extra):
     return json.loads((tmp / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-def test_shared_prompts_step_equals_unshared(tmp_path, monkeypatch):
-    ref = step(tmp_path / "plain")
+@pytest.mark.parametrize("choice", ["true", "default"])
+def test_shared_prompts_step_equals_unshared(tmp_path, monkeypatch, choice):
+    """``true``, and the default (None: on wherever it can take effect), against ``false``."""
+    ref = step(tmp_path / "plain", "actor_rollout_ref.actor.use_prefix_grouper=false")
     shared_plans = []
     real = packing._shared_plan
 
@@ -56,7 +58,7 @@ def test_shared_prompts_step_equals_unshared(tmp_path, monkeypatch):
         return plan
 
     monkeypatch.setattr(packing, "_shared_plan", spy)
-    got = step(tmp_path / "shared", "actor_rollout_ref.actor.use_prefix_grouper=true")
+    got = step(tmp_path / "shared", *(["actor_rollout_ref.actor.use_prefix_grouper=true"] if choice == "true" else []))
     assert shared_plans and all(shared_plans)  # the shared layout ran, on fewer tokens
     assert got["response_length/mean"] == ref["response_length/mean"]
     for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/kl_loss"):
@@ -68,9 +70,16 @@ def test_where_it_cannot_take_effect(tiny_tokenizer):
 
     sdpa = load_causal_lm("preset:tiny", tiny_tokenizer, {}, seed=1)
     with pytest.warns(UserWarning, match="use_prefix_grouper=True needs the 'rlforge_varlen' attention"):
-        assert _prefix_grouper(sdpa, packed=True) is False
+        assert _prefix_grouper(sdpa, packed=True, choice=True, n=4) is False
+    varlen = load_causal_lm("preset:tiny", tiny_tokenizer, {"attn_implementation": "rlforge_varlen"}, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the padded forward: config.later_work has already warned
-        assert _prefix_grouper(sdpa, packed=False) is False
-    varlen = load_causal_lm("preset:tiny", tiny_tokenizer, {"attn_implementation": "rlforge_varlen"}, seed=1)
-    assert _prefix_grouper(varlen, packed=True) is True
+        assert _prefix_grouper(sdpa, packed=False, choice=True, n=4) is False
+        # the default warns nowhere: off on other attention, off with one response per prompt
+        assert _prefix_grouper(sdpa, packed=True, choice=None, n=4) is False
+        assert _prefix_grouper(varlen, packed=True, choice=None, n=1) is False
+        assert _prefix_grouper(varlen, packed=False, choice=None, n=4) is False
+        assert _prefix_grouper(varlen, packed=True, choice=False, n=4) is False
+    assert _prefix_grouper(varlen, packed=True, choice=True, n=4) is True
+    assert _prefix_grouper(varlen, packed=True, choice=None, n=4) is True
+    assert _prefix_grouper(varlen, packed=True, choice=True, n=1) is True  # asked for: nothing to share, harmless
