@@ -256,6 +256,9 @@ def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any
         "stages_gpu_util": {s: _mean([r[f"perf/gpu_util/{s}"] for r in measured if f"perf/gpu_util/{s}" in r])
                             for s in stages},
         "mfu_actor": _mean([r["perf/mfu/actor"] for r in measured if "perf/mfu/actor" in r]),
+        # actor.use_prefix_grouper: decoder-layer tokens and attention s^2 the update did not compute, per step
+        "saved_tokens": _mean([r.get("perf/prefix_grouper/saved_tokens", 0.0) for r in measured]) or 0.0,
+        "saved_s2": _mean([r.get("perf/prefix_grouper/saved_s2", 0.0) for r in measured]) or 0.0,
     }
 
 
@@ -290,7 +293,7 @@ def gpu_peak_flops(gpu: str | None) -> float | None:
 def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workload, peak: float | None,
                    rlforge_extra: list[str]) -> dict[str, float | None]:
     """``mfu_ours``, ``mfu_verl``, ``hfu`` of a finished run (fractions; see the module docstring)."""
-    from rlforge.perf.flops import CONVENTIONS, forward_flops, train_flops
+    from rlforge.perf.flops import CONVENTIONS, forward_flops, shared_prompt_flops, train_flops
 
     out: dict[str, float | None] = {"mfu_ours": None, "mfu_verl": None, "hfu": None}
     seqs = wl.prompts * wl.n
@@ -313,6 +316,8 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
                             head_recompute=head_recompute)
         if wl.beta > 0:  # the reference's forward, the head on the response positions in both
             flops += forward_flops(config, seqlens, convention, head_tokens=response)
+        if convention == "hfu":  # hardware FLOPs: not the prompt copies that actor.use_prefix_grouper skipped
+            flops -= shared_prompt_flops(config, run.get("saved_tokens") or 0.0, run.get("saved_s2") or 0.0, recompute)
         out[name] = flops / step_s / peak
     return out
 

@@ -54,6 +54,11 @@ class TrainEngine(ABC):
     """Whether micro-batches run each prompt once for the rows that share it
     (``actor.use_prefix_grouper``; set by the trainer where it can take effect): token-budget
     splits keep a prompt's rows together and the packing plans use the shared-prompt layout."""
+    saved_work: tuple[float, float] = (0.0, 0.0)
+    """``(tokens, Σ s²)`` that :meth:`train_step` calls since the trainer last set this to
+    ``(0, 0)`` did not compute because of :attr:`share_prompts`, summed over all ranks
+    (:func:`rlforge.engine.staging.saved_work`); the trainer subtracts their FLOPs from
+    ``perf/hfu/actor``."""
     packed_forward: bool = True
     """Whether forward and loss functions may call ``module`` on packed, padding-free rows
     (``model.use_remove_padding``).  False where the engine runs the model itself and hands the

@@ -20,7 +20,7 @@ import torch
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
-from rlforge.engine.staging import combine_micro_metrics, stage
+from rlforge.engine.staging import combine_micro_metrics, saved_work, stage
 
 
 class LocalEngine(TrainEngine):
@@ -87,7 +87,11 @@ class LocalEngine(TrainEngine):
         per_micro: list[dict[str, Any]] = []
         parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu",
                                  share_prompts=self.share_prompts)
-        for mb in stage(parts, self.device, self.share_prompts):
+        staged = stage(parts, self.device, self.share_prompts)
+        if self.share_prompts:
+            tok, s2 = saved_work(staged)
+            self.saved_work = (self.saved_work[0] + tok, self.saved_work[1] + s2)
+        for mb in staged:
             with self.autocast():
                 loss, metrics = loss_fn(self.module, mb, scale)
             loss.backward()

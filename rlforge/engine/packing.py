@@ -94,7 +94,11 @@ class PackPlan:
     attention is causal with the diagonal at each segment's end (a response's first token sees the
     whole prompt).  ``packed_index`` maps a member's prompt positions to the group's one copy, so
     ``response_src`` (and every gather through ``packed_index``) needs no other change.  Without
-    sharing these three fields are None.
+    sharing these three fields are None.  ``saved``: ``(tokens, Σ s²)`` that the shared layout does
+    not compute against the unshared rows: a group of ``m`` rows with a ``P``-token prompt saves
+    ``(m - 1)·P`` tokens and ``(m - 1)·P²`` of :mod:`rlforge.perf.flops`'s attention count (its
+    causal work doubled, as that count takes a row's ``s²``: a response's ``R`` queries against
+    ``P + R`` keys are ``2RP + R²`` there, shared or not); ``(0, 0)`` without sharing.
     """
 
     shape: tuple[int, int]
@@ -108,6 +112,7 @@ class PackPlan:
     kv_index: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
     max_len_k: int | None = None
+    saved: tuple[int, int] = (0, 0)
 
     def to_device(self, device: torch.device | str) -> PackPlan:
         """The same plan with its tensors on ``device``."""
@@ -236,8 +241,10 @@ def _shared_plan(mb: Batch) -> PackPlan | None:
     expected = torch.arange(kv_index.numel()) - torch.repeat_interleave(cu_k[:-1].long(), torch.tensor(k_lens))
     positions_ok = bool(torch.equal(key_pos, expected))
     keep_flat, src = _response_gather_plan(valid, packed_index, resp_len)
+    copies = [(len(members) - 1, prompt_cols[members[0]].numel()) for members in groups]
+    saved = (sum(c * p for c, p in copies), sum(c * p * p for c, p in copies))
     return PackPlan((rows, total), flat_t, cu, max(q_lens), packed_index, positions_ok, keep_flat, src,
-                    kv_index, cu_k, max(k_lens))
+                    kv_index, cu_k, max(k_lens), saved)
 
 
 def with_pack_plan(mb: Batch, share_prompts: bool = False) -> Batch:

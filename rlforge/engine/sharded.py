@@ -39,7 +39,7 @@ from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
-from rlforge.engine.staging import combine_micro_metrics, stage
+from rlforge.engine.staging import combine_micro_metrics, saved_work, stage
 
 ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
 """Optimizer parameter groups, built AFTER sharding: either a function of the (sharded)
@@ -221,6 +221,9 @@ class ShardedEngine(TrainEngine):
         scale = self.loss_scale(mini_batch)
         micros, _ = self._split(mini_batch, micro_batch_size, max_token_len)
         micros = stage(micros, self.device, self.share_prompts)
+        if self.share_prompts:  # every rank has the same setting: all take part in the sum
+            tok, s2 = all_reduce_sum([float(x) for x in saved_work(micros)], self.device)
+            self.saved_work = (self.saved_work[0] + tok, self.saved_work[1] + s2)
         per_micro: list[dict[str, Any]] = []
         for mb, real in self._padded(micros):
             loss, metrics = loss_fn(self.module, mb, scale)

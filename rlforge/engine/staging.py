@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rlforge.batch import Batch
-from rlforge.engine.packing import with_pack_plan
+from rlforge.engine.packing import PACK_PLAN, PackPlan, with_pack_plan
 
 
 def stage(micros: Sequence[Batch], device: torch.device, share_prompts: bool = False) -> list[Batch]:
@@ -28,6 +28,17 @@ def stage(micros: Sequence[Batch], device: torch.device, share_prompts: bool = F
     the shared-prompt layout with ``share_prompts``) computed on the host first (micro-batches
     already on a device are moved unchanged)."""
     return [with_pack_plan(mb, share_prompts).to(device) for mb in micros]
+
+
+def saved_work(micros: Sequence[Batch]) -> tuple[int, int]:
+    """``(tokens, Σ s²)`` that the staged ``micros``' shared-prompt plans do not compute
+    (:attr:`~rlforge.engine.packing.PackPlan.saved`, summed); ``(0, 0)`` without sharing."""
+    tok = s2 = 0
+    for mb in micros:
+        plan = mb.meta.get(PACK_PLAN)
+        if isinstance(plan, PackPlan):
+            tok, s2 = tok + plan.saved[0], s2 + plan.saved[1]
+    return tok, s2
 
 
 def metrics_to_floats(per_micro: Sequence[dict[str, Any]]) -> list[dict[str, float]]:

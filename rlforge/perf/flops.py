@@ -189,6 +189,19 @@ def train_flops(config: Any, seqlens: Sequence[float], convention: Convention = 
     return (4.0 if recompute else 3.0) * layers + (4.0 if head_recompute else 3.0) * 2.0 * shape.head_params * t_head
 
 
+def shared_prompt_flops(config: Any, saved_tokens: float, saved_s2: float, recompute: bool = False) -> float:
+    """Hardware FLOPs of forward + backward that the shared-prompt layout
+    (``actor.use_prefix_grouper``) does not execute: ``k · (2·N_layers·ΔT + 4·L·n_q·d·ΔS2)``
+    with ``k`` as in ``hfu`` (4 checkpointed, else 3), for ``saved_tokens`` = ΔT decoder-layer
+    tokens and ``saved_s2`` = ΔS2 of the full s×s attention count not computed
+    (:attr:`rlforge.engine.packing.PackPlan.saved`).  The LM head is not involved: it runs on the
+    response positions either way.  Subtract it from :func:`train_flops` ``(convention="hfu")``."""
+    shape = Shape.of(config)
+    layers = 2.0 * shape.layer_params * float(saved_tokens) + 4.0 * shape.layers * shape.n_q * shape.head_dim * float(
+        saved_s2)
+    return (4.0 if recompute else 3.0) * layers
+
+
 def mfu(flops: float, seconds: float, peak: float | None, num_devices: int = 1) -> float | None:
     """FLOPs utilisation in [0, 1] (MFU for model FLOPs, HFU for hardware FLOPs): ``flops``
     done in ``seconds`` on ``num_devices`` devices of ``peak`` FLOP/s each; None when the peak

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rlforge.batch import Batch
-from rlforge.perf.flops import Convention, forward_flops, mfu, train_flops
+from rlforge.perf.flops import Convention, forward_flops, mfu, shared_prompt_flops, train_flops
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -88,7 +88,7 @@ def tokens_per_hour(m: dict[str, float]) -> dict[str, float]:
 def mfu_metrics(
     m: dict[str, float], seqlens: list[int], actor_config: Any, critic_config: Any | None, ppo_epochs: int,
     critic_ppo_epochs: int, peak: float | None, num_devices: int = 1, *, recompute: bool = False,
-    head_tokens: float | None = None, head_recompute: bool = False,
+    head_tokens: float | None = None, head_recompute: bool = False, saved_work: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """``perf/mfu/{actor,critic,ref}``, ``perf/mfu/actor_verl`` and ``perf/hfu/actor`` from the
     stage timings in ``m`` (fractions of the bf16 peak; :mod:`rlforge.perf.flops` has the formulas).
@@ -99,7 +99,10 @@ def mfu_metrics(
     counts the embedding as a matmul); ``perf/hfu/actor`` the hardware FLOPs of the update:
     ``recompute`` (activation checkpointing of the actor's layers), ``head_tokens`` (positions
     whose logits the update computes; None = all) and ``head_recompute`` (the chunked LM head
-    recomputes its forward in backward) as :func:`~rlforge.perf.flops.train_flops` takes them.
+    recomputes its forward in backward) as :func:`~rlforge.perf.flops.train_flops` takes them;
+    ``saved_work``: ``(tokens, Σ s²)`` the update's shared-prompt layout did not compute
+    (:attr:`rlforge.engine.base.TrainEngine.saved_work`), whose FLOPs ``perf/hfu/actor`` does not
+    count (``perf/mfu/*`` count the unshared rows: the work done for the user).
     Nothing is reported when the device peak is unknown (CPU).
     """
     out: dict[str, float] = {}
@@ -113,7 +116,8 @@ def mfu_metrics(
     stages: list[tuple[str, str, Callable[[], float]]] = [
         ("mfu/actor", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "rlforge")),
         ("mfu/actor_verl", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "verl")),
-        ("hfu/actor", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "hfu")),
+        ("hfu/actor", "timing_s/update_actor", lambda: update(actor_config, ppo_epochs, "hfu")
+         - shared_prompt_flops(actor_config, *saved_work, recompute=recompute)),
         ("mfu/ref", "timing_s/ref", lambda: forward_flops(actor_config, seqlens)),
     ]
     if critic_config is not None:

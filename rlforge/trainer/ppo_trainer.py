@@ -289,6 +289,7 @@ class PPOTrainer:
                     m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
                     job.critic.engine.lr_scheduler_step()
             if updates_actor:
+                job.actor.engine.saved_work = (0.0, 0.0)
                 with self._stage("update_actor", m):
                     m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature, on_policy).items()})
                     job.actor.engine.lr_scheduler_step()
@@ -312,8 +313,10 @@ class PPOTrainer:
             arr.actor.ppo_epochs, cfg.critic.ppo_epochs, self.peak_flops,
             recompute=bool(arr.model.enable_gradient_checkpointing),
             head_tokens=float(batch["response_mask"].sum()) if job.actor.head_chunk_size > 0 else None,
-            head_recompute=job.actor.head_chunk_size > 0,
+            head_recompute=job.actor.head_chunk_size > 0, saved_work=job.actor.engine.saved_work,
         ))
+        if updates_actor and job.actor.engine.saved_work[0] > 0:  # actor.use_prefix_grouper took effect
+            m["perf/prefix_grouper/saved_tokens"], m["perf/prefix_grouper/saved_s2"] = job.actor.engine.saved_work
         for key, values in batch.non_tensor.items():
             if key.startswith("reward_extra/"):
                 arr = np.asarray(values, dtype=np.float64)

@@ -78,6 +78,9 @@ def test_layout_by_hand(tiny_tokenizer):
     # keys: A; A + r0; A + r1; B; B + r2
     assert plan.cu_seqlens_k.tolist() == [0, 2, 7, 10, 11, 14] and plan.max_len_k == 5
     assert plan.kv_index.tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 5, 6, 6, 7, 8]
+    # work not computed: one copy of prompt A (2 tokens, 2² of the attention count); B is alone
+    assert plan.saved == (2, 4)
+    assert make_pack_plan(mb).saved == (0, 0)
     width = mb["input_ids"].shape[1] - 4  # prompt columns
     assert plan.packed_index[1, width - 2:width].tolist() == [0, 1]  # row 1's prompt is row 0's copy
     assert plan.flat.numel() == 9  # against 2 + 3 + 2 + 1 + 1 + 2 = 11 unshared
@@ -212,3 +215,24 @@ def test_more_parts_than_groups_splits_the_groups(batch, monkeypatch):
     monkeypatch.setattr(dynamic_batch, "sync_num_micro_batches", lambda n, group=None: max(n, 5))
     parts, order = dynamic_batch.split_by_token_budget(batch, 64, "ppo_max_token_len_per_gpu", share_prompts=True)
     assert len(parts) == 5 and sorted(order) == list(range(6))
+
+
+def test_saved_work_of_groups(batch):
+    """Groups of 3 rows (5-token prompt) and 2 rows (3 tokens), one row alone: 2 + 1 copies of a
+    prompt not computed, summed over micro-batches by ``staging.saved_work``; the FLOPs those copies
+    take in ``hfu``, by hand for a small config."""
+    from types import SimpleNamespace
+
+    from rlforge.engine.staging import saved_work, stage
+    from rlforge.perf.flops import shared_prompt_flops
+
+    assert make_pack_plan(batch, share_prompts=True).saved == (2 * 5 + 3, 2 * 25 + 9)
+    halves = [batch.select([0, 1, 2]), batch.select([3, 4, 5])]
+    assert saved_work(stage(halves, torch.device("cpu"), share_prompts=True)) == (10 + 3, 50 + 9)
+    assert saved_work(stage(halves, torch.device("cpu"))) == (0, 0)
+    cfg = SimpleNamespace(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          intermediate_size=16, num_hidden_layers=3, vocab_size=50)
+    layer_params = 3 * (8 * 4 * (2 + 2) + 2 * 4 * 8 + 3 * 8 * 16)  # QKV, O, gate/up/down
+    per_pass = 2 * layer_params * 13 + 4 * 3 * 2 * 4 * 59
+    assert shared_prompt_flops(cfg, 13, 59) == 3 * per_pass
+    assert shared_prompt_flops(cfg, 13, 59, recompute=True) == 4 * per_pass

@@ -115,3 +115,21 @@ def test_mfu_metrics_three_ways():
     assert out["perf/hfu/actor"] == pytest.approx(2 * 85632 / 2.0 / 1000.0)
     assert out["perf/mfu/ref"] == pytest.approx(21888 / 1.0 / 1000.0)
     assert mfu_metrics(m, [3, 5], SMALL_CFG, None, 1, 1, peak=None) == {}
+
+
+def test_hfu_leaves_out_the_shared_prompt_copies():
+    """Rows of 3 and 5 tokens sharing a 2-token prompt (responses 1 and 3): the shared layout runs
+    6 tokens and an attention count of 2² + (2·1·2 + 1²) + (2·3·2 + 3²) = 30 instead of 8 and 34,
+    i.e. ``saved_work=(2, 4)``.  Reference: ``hfu`` of two sequences with that total and that
+    Σ s² (3 ± √6 tokens); the head's 5 positions and ``perf/mfu/*`` are unchanged."""
+    from rlforge.perf.flops import train_flops
+    from rlforge.trainer.metrics import mfu_metrics
+
+    m = {"timing_s/update_actor": 2.0}
+    kw = dict(recompute=True, head_tokens=5, head_recompute=True)
+    plain = mfu_metrics(m, [3, 5], SMALL_CFG, None, 1, 1, peak=1000.0, **kw)
+    shared = mfu_metrics(m, [3, 5], SMALL_CFG, None, 1, 1, peak=1000.0, saved_work=(2, 4), **kw)
+    same = [3 + 6 ** 0.5, 3 - 6 ** 0.5]
+    assert shared["perf/hfu/actor"] == pytest.approx(train_flops(SMALL_CFG, same, "hfu", **kw) / 2.0 / 1000.0)
+    assert shared["perf/hfu/actor"] < plain["perf/hfu/actor"]
+    assert shared["perf/mfu/actor"] == plain["perf/mfu/actor"]

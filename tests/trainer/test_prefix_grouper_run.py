@@ -60,6 +60,9 @@ def test_shared_prompts_step_equals_unshared(tmp_path, monkeypatch, choice):
     monkeypatch.setattr(packing, "_shared_plan", spy)
     got = step(tmp_path / "shared", *(["actor_rollout_ref.actor.use_prefix_grouper=true"] if choice == "true" else []))
     assert shared_plans and all(shared_plans)  # the shared layout ran, on fewer tokens
+    # 3 prompts x 4 rows, every group in one micro-batch: 3 prompt copies of each group not computed
+    assert got["perf/prefix_grouper/saved_tokens"] == pytest.approx(9 * got["prompt_length/mean"])
+    assert "perf/prefix_grouper/saved_tokens" not in ref
     assert got["response_length/mean"] == ref["response_length/mean"]
     for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/kl_loss"):
         assert got[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
