@@ -260,6 +260,34 @@ def prompt_group_items(batch: Batch, max_token_len: int) -> tuple[list[list[int]
     return items, weights
 
 
+def split_items(batch: Batch, items: list[list[int]], weights: list[int], count: int) -> tuple[list[list[int]],
+                                                                                              list[int]]:
+    """:func:`prompt_group_items`' chunks cut further until there are at least ``count`` of them
+    (or every chunk is one row): the heaviest chunk of several rows is halved, each half keeping
+    the prompt once, so rows stay shared where they can.  Returns ``(items, weights)`` as that
+    function does."""
+    valid = batch["attention_mask"].bool()
+    lens = [int(x) for x in valid.sum(-1).tolist()]
+    width = valid.shape[1] - batch["responses"].shape[1] if "responses" in batch else valid.shape[1]
+
+    def weight(rows: list[int]) -> int:
+        p = int(valid[rows[0], :width].sum())
+        return lens[rows[0]] + sum(lens[b] - p for b in rows[1:])
+
+    items, weights = [list(r) for r in items], list(weights)
+    while len(items) < count:
+        multi = [i for i, it in enumerate(items) if len(it) > 1]
+        if not multi:
+            break
+        i = max(multi, key=lambda j: weights[j])
+        rows = items.pop(i)
+        weights.pop(i)
+        for half in (rows[: len(rows) // 2], rows[len(rows) // 2:]):
+            items.append(half)
+            weights.append(weight(half))
+    return items, weights
+
+
 def split_by_token_budget(
     batch: Batch, max_token_len: int, key: str, group: dist.ProcessGroup | None = None,
     share_prompts: bool = False,
@@ -292,7 +320,7 @@ def split_by_token_budget(
         # every rank takes the same branch: the loop condition is an all-reduced value
         m_all = sync_num_micro_batches(m, group)
         if m_all > len(items) and len(items) < len(lens):  # another rank needs more parts than this has groups
-            items, weights = [[i] for i in range(len(lens))], lens
+            items, weights = split_items(batch, items, weights, m_all)
         m_fit, parts = _smallest_fitting(weights, max_token_len, m_all)
         if sync_num_micro_batches(m_fit, group) == m_all:
             break

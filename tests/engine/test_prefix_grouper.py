@@ -236,3 +236,22 @@ def test_saved_work_of_groups(batch):
     per_pass = 2 * layer_params * 13 + 4 * 3 * 2 * 4 * 59
     assert shared_prompt_flops(cfg, 13, 59) == 3 * per_pass
     assert shared_prompt_flops(cfg, 13, 59, recompute=True) == 4 * per_pass
+
+
+def test_another_ranks_count_splits_groups_not_rows(tiny_tokenizer, monkeypatch):
+    """One group of 4 rows (4-token prompt, 2-token responses: 6 tokens a row, 8 a shared pair)
+    under a budget of 10: this rank alone needs 2 chunks ([0, 1, 2] and [3]).  When another rank
+    needs 3 micro-batches, the chunks are cut to 3 ([3], [0], [1, 2]), keeping the pair shared;
+    falling back to single rows (6 + 6 > 10 unshared) would need 4 and share nothing."""
+    from rlforge.engine import dynamic_batch
+    from rlforge.engine.dynamic_batch import split_by_token_budget
+    from rlforge.engine.staging import saved_work, stage
+
+    mb = grouped_batch(tiny_tokenizer.pad_token_id, [(4, [1, 1, 1, 1])], resp_len=4)
+    assert [int(x) for x in mb["attention_mask"].sum(-1)] == [6, 6, 6, 6]
+    assert len(split_by_token_budget(mb, 10, "k", share_prompts=True)[0]) == 2
+    monkeypatch.setattr(dynamic_batch, "sync_num_micro_batches", lambda m, group=None: max(m, 3))
+    parts, order = split_by_token_budget(mb, 10, "k", share_prompts=True)
+    assert len(parts) == 3 and sorted(order) == [0, 1, 2, 3]
+    assert sorted(len(p) for p in parts) == [1, 1, 2]
+    assert saved_work(stage(parts, torch.device("cpu"), share_prompts=True)) == (4, 16)
