@@ -208,7 +208,8 @@ class ActorConfig:
     None (rlforge's default) = on wherever it can take effect and ``rollout.n`` > 1, silently off
     elsewhere.  Measured on one H200 (benchmarks/RESULTS.md, 2026-12-02): the e2e GRPO update
     (64 prompts x 8, 256 + 1,024 tokens) 5.38 -> 4.97 s on 0.5B and 12.93 -> 11.22 s on 1.5B.
-    ``perf/mfu/actor`` and ``perf/hfu/actor`` still count the FLOPs of the unshared rows."""
+    ``perf/mfu/*`` count the FLOPs of the unshared rows; ``perf/hfu/actor`` leaves out the prompt
+    copies not computed (logged as ``perf/prefix_grouper/saved_tokens``)."""
     ulysses_sequence_parallel_size: int = 1
     """Ulysses sequence-parallel degree; 1 = off."""
     entropy_from_logits_with_chunking: bool = False

@@ -229,6 +229,14 @@ def restore_order(order: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return inv
 
 
+def _row_and_prompt_lens(batch: Batch) -> tuple[list[int], list[int]]:
+    """Valid tokens of each row and of its prompt (the ``attention_mask == 1`` columns before the
+    ``responses`` columns)."""
+    valid = batch["attention_mask"].bool()
+    width = valid.shape[1] - batch["responses"].shape[1]
+    return [int(x) for x in valid.sum(-1).tolist()], [int(x) for x in valid[:, :width].sum(-1).tolist()]
+
+
 def prompt_group_items(batch: Batch, max_token_len: int) -> tuple[list[list[int]], list[int]]:
     """Rows with the same prompt (``input_ids`` at ``attention_mask == 1`` before the ``responses``
     columns), in chunks whose shared token count (the prompt once plus every response) fits
@@ -236,15 +244,14 @@ def prompt_group_items(batch: Batch, max_token_len: int) -> tuple[list[list[int]
     A batch without ``responses`` gives one item per row."""
     from rlforge.engine.packing import prompt_groups
 
-    valid = batch["attention_mask"].bool()
-    lens = [int(x) for x in valid.sum(-1).tolist()]
     if "responses" not in batch or "input_ids" not in batch:
+        lens = [int(x) for x in batch["attention_mask"].sum(-1).tolist()]
         return [[i] for i in range(len(lens))], lens
-    width = valid.shape[1] - batch["responses"].shape[1]
+    lens, prompt_lens = _row_and_prompt_lens(batch)
     items: list[list[int]] = []
     weights: list[int] = []
     for rows in prompt_groups(batch):
-        p = int(valid[rows[0], :width].sum())
+        p = prompt_lens[rows[0]]
         cur: list[int] = []
         w = 0
         for b in rows:
@@ -265,14 +272,11 @@ def split_items(batch: Batch, items: list[list[int]], weights: list[int], count:
     """:func:`prompt_group_items`' chunks cut further until there are at least ``count`` of them
     (or every chunk is one row): the heaviest chunk of several rows is halved, each half keeping
     the prompt once, so rows stay shared where they can.  Returns ``(items, weights)`` as that
-    function does."""
-    valid = batch["attention_mask"].bool()
-    lens = [int(x) for x in valid.sum(-1).tolist()]
-    width = valid.shape[1] - batch["responses"].shape[1] if "responses" in batch else valid.shape[1]
+    function does (so ``batch`` has ``responses`` wherever a chunk has several rows)."""
+    lens, prompt_lens = _row_and_prompt_lens(batch)
 
     def weight(rows: list[int]) -> int:
-        p = int(valid[rows[0], :width].sum())
-        return lens[rows[0]] + sum(lens[b] - p for b in rows[1:])
+        return lens[rows[0]] + sum(lens[b] - prompt_lens[rows[0]] for b in rows[1:])
 
     items, weights = [list(r) for r in items], list(weights)
     while len(items) < count:
