@@ -118,3 +118,51 @@ def test_fused_decode_forward_matches_eager_forward(tiny_tokenizer) -> None:
         caches.append(cache.data.clone())
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(caches[1], caches[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("skinny_head", [False, True])
+def test_skinny_decode_forward_matches_eager_forward(tiny_tokenizer, skinny_head: bool) -> None:
+    """The same mixed step through the skinny body (every GEMM in ``skinny_linear``, the norms,
+    SiLU·mul and residual adds fused into them; seven tokens <= MAX_ROWS) equals the eager body,
+    with the LM head in cuBLAS or in the skinny kernel."""
+    from unittest import mock
+
+    import rlforge.rollout.native.triton_skinny as sk
+    from rlforge.models import load_causal_lm
+    from rlforge.rollout.native.kv_cache import KVCache
+    from rlforge.rollout.native.model_runner import ModelRunner, ModelSpec, step_inputs
+
+    model = load_causal_lm("preset:tiny", tiny_tokenizer, {"initializer_range": 0.2}, seed=0).to(DEV).eval()
+    spec = ModelSpec.from_module(model)
+    logits, caches = [], []
+    for skinny in (False, True):
+        cache = KVCache.allocate(spec.num_layers, 8, 4, spec.num_kv_heads, spec.head_dim, torch.float32, DEV)
+        runner = ModelRunner(model, cache, attention="torch", pack=True)
+        runner.fused = runner.skinny = skinny
+        runner.skinny_head = skinny and skinny_head
+        ids = [5, 9, 2, 7, 7, 1, 4]
+        pos = [0, 1, 2, 3, 4, 5, 0]
+        slots = [4, 5, 6, 7, 8, 9, 12]
+        inp = step_inputs(ids, pos, slots, [0, 6], [6, 1], [6, 1], [[1, 2], [3]], [5, 6], [0, 1], DEV, 4)
+        with mock.patch.object(sk, "skinny_linear", wraps=sk.skinny_linear) as calls:
+            logits.append(runner.run(inp))
+        assert calls.call_count == (4 * spec.num_layers if skinny else 0)  # run() never uses the skinny head
+        if skinny:
+            d = runner.decode(_decode_inputs(inp))
+            ref = ModelRunner(model, KVCache.allocate(spec.num_layers, 8, 4, spec.num_kv_heads, spec.head_dim,
+                                                      torch.float32, DEV), attention="torch")
+            ref.cache.data.copy_(caches[0])
+            torch.testing.assert_close(d, ref.decode(_decode_inputs(inp)), rtol=1e-5, atol=1e-5)
+        caches.append(cache.data.clone())
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def _decode_inputs(inp):
+    """One decode row per sequence of ``inp`` (the next position after its context), as a
+    :class:`DecodeInputs`, for a pure decode step after ``inp``'s mixed step."""
+    from rlforge.rollout.native.model_runner import DecodeInputs
+
+    dev = inp.input_ids.device
+    return DecodeInputs(torch.tensor([3, 8], device=dev), torch.tensor([6, 1], device=dev),
+                        torch.tensor([10, 13], device=dev), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32, device=dev),
+                        torch.tensor([7, 2], dtype=torch.int32, device=dev))
