@@ -58,6 +58,13 @@ step_tests() {
     tests/engine/test_prefix_grouper.py tests/rollout/test_triton_skinny.py \
     > "$P/tests.txt" 2>&1
 }
+step_skinny2() {  # after the first skinny reading: PDL, new defaults; 0.5B steps at B=1,16,32, 7B at 16
+  timeout -k 5 150 python3 "$REPO/benchmarks/skinny_gemm.py" > "$P/skinny_gemm2.txt" 2>&1
+  timeout -k 5 240 python3 "$RT" --step-profile --step-sizes 1 16 32 --step-variants cublas cublaspdl nopdl skinny \
+    --kernel-step-models qwen2.5-0.5b > "$P/skinny_prof2.txt" 2>&1
+  timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 16 --step-variants cublas skinny \
+    --kernel-step-models qwen2.5-7b > "$P/skinny_prof2_7b.txt" 2>&1
+}
 step_skinny() {  # the decode-size fused GEMMs: layer chains and GEMMs beside cuBLAS, a launch-setting sweep, whole
   # captured decode steps with cuBLAS / skinny / skinny + LM head
   timeout -k 5 300 python3 "$REPO/benchmarks/skinny_gemm.py" --sweep > "$P/skinny_gemm.txt" 2>&1

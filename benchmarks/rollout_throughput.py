@@ -314,9 +314,12 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
         _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
 
 
-STEP_VARIANTS = {"skinny": {}, "cublas": {"skinny": False}, "skinnyhead": {"skinny_head": True}}
+STEP_VARIANTS = {"skinny": {}, "cublas": {"skinny": False}, "skinnyhead": {"skinny_head": True},
+                 "nopdl": {"pdl": False}, "cublaspdl": {"skinny": False, "pdl": True}}
 """``--step-variants``: model-runner options of a captured step (skinny: the default, decode GEMMs in
-``triton_skinny``; cublas: the fused path's cuBLAS GEMMs; skinnyhead: the LM head in the skinny kernel too)."""
+``triton_skinny``, with programmatic dependent launch on Hopper; cublas: the fused path's cuBLAS GEMMs;
+skinnyhead: the LM head in the skinny kernel too; nopdl: skinny without programmatic dependent launch; cublaspdl:
+cuBLAS GEMMs, the attention with programmatic dependent launch)."""
 
 
 def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, **runner_kw):

@@ -79,20 +79,22 @@ def chain_rows(name: str, m: int, ws, hidden: int, nq: int, inter: int) -> None:
             gu = F.linear(x, w["gu"])
             d = F.linear(silu_mul(gu[:, :inter], gu[:, inter:]), w["down"])
 
-    def skinny() -> None:
+    def skinny(pdl: bool) -> None:
         h, ss = h0, None
         for w in ws:
-            skinny_linear(h, w["qkv"], w["bqkv"], norm_weight=w["ln1"], eps=1e-6, norm_ss=ss)
-            r = skinny_linear(a, w["o"], residual=h)
-            gu = skinny_linear(r.h, w["gu"], norm_weight=w["ln2"], eps=1e-6, norm_ss=r.ss)
-            r = skinny_linear(gu, w["down"], silu=True, residual=r.h)
+            skinny_linear(h, w["qkv"], w["bqkv"], norm_weight=w["ln1"], eps=1e-6, norm_ss=ss, pdl=pdl)
+            r = skinny_linear(a, w["o"], residual=h, pdl=pdl)
+            gu = skinny_linear(r.h, w["gu"], norm_weight=w["ln2"], eps=1e-6, norm_ss=r.ss, pdl=pdl)
+            r = skinny_linear(gu, w["down"], silu=True, residual=r.h, pdl=pdl)
             h, ss = r.h, r.ss
 
     nbytes = sum(w[k].nbytes for w in ws for k in ("qkv", "o", "gu", "down")) / len(ws)
-    te, ts = _graph_us(eager, len(ws)), _graph_us(skinny, len(ws))
-    print(f"| {name} | {m} | layer GEMMs + elementwise | {te:.1f} ({nbytes / te / 1e6 / SPEC_BW * 1e12:.2f}) | "
-          f"{ts:.1f} ({nbytes / ts / 1e6 / SPEC_BW * 1e12:.2f}) | {te / ts:.2f} | {(te - ts) * len(ws):.0f} |",
-          flush=True)
+    te = _graph_us(eager, len(ws))
+    for pdl in (False, True):
+        ts = _graph_us(lambda pdl=pdl: skinny(pdl), len(ws))
+        print(f"| {name} | {m} | layer GEMMs + elementwise{' (PDL)' if pdl else ''} | {te:.1f} "
+              f"({nbytes / te / 1e6 / SPEC_BW * 1e12:.2f}) | {ts:.1f} ({nbytes / ts / 1e6 / SPEC_BW * 1e12:.2f}) | "
+              f"{te / ts:.2f} | {(te - ts) * len(ws):.0f} |", flush=True)
 
 
 def gemm_rows(name: str, m: int, ws, sweep: bool, hidden: int, inter: int, head) -> None:
@@ -130,7 +132,7 @@ def gemm_rows(name: str, m: int, ws, sweep: bool, hidden: int, inter: int, head)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["0.5b", "7b"], choices=sorted(SHAPES))
-    ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64])
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 32])
     ap.add_argument("--sweep", action="store_true", help="also time launch settings per GEMM")
     ap.add_argument("--sweep-rows", nargs="+", type=int, default=[16])
     ap.add_argument("--sweep-models", nargs="+", default=["0.5b"])

@@ -230,7 +230,10 @@ class ModelRunner:
     :data:`~rlforge.rollout.native.triton_skinny.MAX_ROWS` tokens (decode batches) run each
     layer's GEMMs in :func:`~rlforge.rollout.native.triton_skinny.skinny_linear`, with the
     residual adds, RMSNorms and SiLU·mul fused into them (six launches per layer); None = with
-    ``fused`` and ``pack``; ``skinny_head``: the LM head too (None = :data:`SKINNY_HEAD`).  ``pack``: Q/K/V and gate/up as one GEMM each
+    ``fused`` and ``pack``; ``skinny_head``: the LM head too (None = :data:`SKINNY_HEAD`).
+    ``pdl``: launch the skinny body's Triton kernels and the decode attention with programmatic
+    dependent launch, so each fetches its weights while the previous one finishes; None = with
+    ``skinny`` on Hopper and later.  ``pack``: Q/K/V and gate/up as one GEMM each
     (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
     (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
     """
@@ -238,6 +241,7 @@ class ModelRunner:
     def __init__(
         self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None,
         pack: bool | None = None, skinny: bool | None = None, skinny_head: bool | None = None,
+        pdl: bool | None = None,
     ) -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
@@ -259,6 +263,11 @@ class ModelRunner:
             raise ValueError("the skinny decode GEMMs need the fused kernels and packed weights (fused=True, pack=True)")
         self.skinny = bool(self.fused and pack) if skinny is None else bool(skinny)
         self.skinny_head = self.skinny and (SKINNY_HEAD if skinny_head is None else bool(skinny_head))
+        if pdl is None:
+            from rlforge.rollout.native.triton_skinny import pdl_supported
+
+            pdl = self.skinny and pdl_supported(cache.data.device)
+        self.pdl = bool(pdl)
 
     def refresh_weights(self) -> None:
         """Copy the module's current weights into the runner's packed / cast copies (before each generation)."""
@@ -274,7 +283,7 @@ class ModelRunner:
 
     def _decode_attn(self, q: torch.Tensor, layer: int, bt: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         kc, vc = self.cache.data[layer, 0], self.cache.data[layer, 1]
-        return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale)
+        return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale, pdl=self.pdl)
 
     def _mixed_attn(self, q: torch.Tensor, layer: int, inp: StepInputs) -> torch.Tensor:
         """``q: [T, H, D]`` -> ``[T, H, D]``: decode rows in one paged call, prefill chunks in another."""
@@ -367,7 +376,7 @@ class ModelRunner:
         from rlforge.rollout.native.triton_fused import add_rms_norm, rope_and_cache
         from rlforge.rollout.native.triton_skinny import skinny_linear
 
-        s, m = self.spec, self.module.model
+        s, m, pdl = self.spec, self.module.model, self.pdl
         h = F.embedding(input_ids, m.embed_tokens.weight)
         cos, sin = self._rope(positions, h.dtype)
         T = h.shape[0]
@@ -375,7 +384,8 @@ class ModelRunner:
         for i, layer in enumerate(m.layers):
             att, lw = layer.self_attn, self.weights.layers[i]
             ln, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            qkv = skinny_linear(h, *lw.qkv[0].linear, norm_weight=ln.weight, eps=ln.variance_epsilon, norm_ss=ss)
+            qkv = skinny_linear(h, *lw.qkv[0].linear, norm_weight=ln.weight, eps=ln.variance_epsilon, norm_ss=ss,
+                               pdl=pdl)
             q, k, v = qkv.split(lw.qkv[0].sizes, dim=-1)
             q = q.view(T, s.num_heads, s.head_dim)
             k = k.view(T, s.num_kv_heads, s.head_dim)
@@ -383,12 +393,12 @@ class ModelRunner:
             if getattr(att, "q_norm", None) is not None:  # Qwen3
                 q = add_rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)[0]
                 k = add_rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)[0]
-            q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1))
+            q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1), pdl=pdl)
             a = attend(q, i).to(h.dtype)
-            r = skinny_linear(a.reshape(T, -1), *lw.o.linear, residual=h)
+            r = skinny_linear(a.reshape(T, -1), *lw.o.linear, residual=h, pdl=pdl)
             gu = skinny_linear(r.h, *lw.gate_up[0].linear, norm_weight=ln2.weight, eps=ln2.variance_epsilon,
-                               norm_ss=r.ss)
-            r = skinny_linear(gu, *lw.down.linear, silu=True, residual=r.h)
+                               norm_ss=r.ss, pdl=pdl)
+            r = skinny_linear(gu, *lw.down.linear, silu=True, residual=r.h, pdl=pdl)
             h, ss = r.h, r.ss
         return Rows(h, ss)
 
@@ -400,7 +410,7 @@ class ModelRunner:
                 from rlforge.rollout.native.triton_skinny import skinny_linear
 
                 return skinny_linear(h.h, *self.weights.lm_head.linear, norm_weight=norm.weight,
-                                     eps=norm.variance_epsilon, norm_ss=h.ss)
+                                     eps=norm.variance_epsilon, norm_ss=h.ss, pdl=self.pdl)
             h = h.h
         if self.fused:
             from rlforge.rollout.native.triton_fused import add_rms_norm

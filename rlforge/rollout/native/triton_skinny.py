@@ -43,8 +43,9 @@ import triton.language as tl
 
 from rlforge.rollout.native.model_runner import Rows
 
-MAX_ROWS = 64
-"""Largest ``M`` this kernel takes (one ``BLOCK_M`` tile of rows); larger batches use cuBLAS."""
+MAX_ROWS = 32
+"""Largest ``M`` this kernel takes (one ``BLOCK_M`` tile of rows); larger batches use cuBLAS (at 64 rows the
+kernel ran its GEMMs at a third of cuBLAS's speed, ``benchmarks/RESULTS.md`` of 2026-12-02)."""
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _NONE, _NORM_STATS, _NORM_PARTIAL, _SILU = 0, 1, 2, 3
@@ -62,14 +63,13 @@ class SkinnyConfig:
 
 
 @triton.jit
-def _epilogue(acc, rm, rn, mmask, nmask, b_ptr, r_ptr, y_ptr, h_ptr, sso_ptr, pid_n, M,
-              stride_rm, stride_ym, stride_hm, HAS_BIAS: tl.constexpr, EPI_RES: tl.constexpr):
+def _epilogue(acc, bias, r, rm, rn, mmask, nmask, y_ptr, h_ptr, sso_ptr, pid_n, M, stride_ym, stride_hm,
+              HAS_BIAS: tl.constexpr, EPI_RES: tl.constexpr):
     mn = mmask[:, None] & nmask[None, :]
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        acc += bias[None, :]
     if EPI_RES:
         y = acc.to(h_ptr.dtype.element_ty)  # the GEMM output, rounded, then torch's rounded residual add
-        r = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mn, other=0.0)
         h = (y.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + rm[:, None] * stride_hm + rn[None, :], h, mask=mn)
         hf = tl.where(mn, h.to(tl.float32), 0.0)
@@ -79,27 +79,68 @@ def _epilogue(acc, rm, rn, mmask, nmask, b_ptr, r_ptr, y_ptr, h_ptr, sso_ptr, pi
 
 
 @triton.jit
+def _a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO: tl.constexpr):
+    """The GEMM's left operand for columns ``rk``: ``f(x)[rm, rk]`` in the weight dtype."""
+    xm = mmask[:, None] & kmask[None, :]
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
+    xdt = x_ptr.dtype.element_ty
+    wdt = w_ptr.dtype.element_ty
+    if PRO == 1 or PRO == 2:
+        nrm = (x.to(tl.float32) * inv[:, None]).to(xdt)
+        nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        a = (nw[None, :] * nrm.to(tl.float32)).to(wdt)
+    elif PRO == 3:
+        u = tl.load(x_ptr + rm[:, None] * stride_xm + up_off + rk[None, :], mask=xm, other=0.0)
+        gf = x.to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(xdt)  # F.silu, rounded
+        a = (s.to(tl.float32) * u.to(tl.float32)).to(xdt).to(wdt)
+    else:
+        a = x.to(wdt)
+    return a
+
+
+@triton.jit
+def _dot(a, w, IEEE: tl.constexpr):
+    if IEEE:  # float32 operands (or the CPU interpreter, whose bf16 dot is wrong): exact float32 products
+        return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    return tl.dot(a, tl.trans(w))
+
+
+@triton.jit
 def _skinny_kernel(
     x_ptr, nw_ptr, ssi_ptr, w_ptr, b_ptr, r_ptr, y_ptr, h_ptr, sso_ptr, part_ptr, cnt_ptr,
     M, N, stride_xm, stride_wn, stride_rm, stride_ym, stride_hm, eps, up_off, n_ss,
     K: tl.constexpr, PRO: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_RES: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    K_SPLIT: tl.constexpr, SS_PAD: tl.constexpr,
+    K_SPLIT: tl.constexpr, SS_PAD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if USE_GDC:  # programmatic dependent launch: the next kernel may start and fetch its own weights now
+        tl.extra.cuda.gdc_launch_dependents()
     rm = tl.arange(0, BLOCK_M)
     mmask = rm < M
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
-    xdt = x_ptr.dtype.element_ty
-    wdt = w_ptr.dtype.element_ty
+    k_lo = pid_k * K_SPLIT
+    # what no earlier kernel writes (the first weight tile, the bias) is read before waiting for them
+    rk = k_lo + tl.arange(0, BLOCK_K)
+    kmask = rk < K
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    if USE_GDC:  # the previous kernel's outputs (x, the residual, the row statistics) are complete after this
+        tl.extra.cuda.gdc_wait()
+    r = tl.zeros([BLOCK_M, BLOCK_N], dtype=r_ptr.dtype.element_ty)
+    if EPI_RES:
+        r = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0)
     inv = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PRO == 1:  # row statistics from x itself
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xs = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :],
+            rs = k0 + tl.arange(0, BLOCK_K)
+            xs = tl.load(x_ptr + rm[:, None] * stride_xm + rs[None, :], mask=mmask[:, None] & (rs < K)[None, :],
                          other=0.0).to(tl.float32)
             ss += tl.sum(xs * xs, 1)
         inv = tl.math.rsqrt(ss / K + eps)
@@ -107,32 +148,15 @@ def _skinny_kernel(
         j = tl.arange(0, SS_PAD)
         parts = tl.load(ssi_ptr + j[:, None] * M + rm[None, :], mask=(j < n_ss)[:, None] & mmask[None, :], other=0.0)
         inv = tl.math.rsqrt(tl.sum(parts, 0) / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = pid_k * K_SPLIT
-    for k0 in range(0, K_SPLIT, BLOCK_K):  # K_SPLIT is a multiple of BLOCK_K: a split's tiles never overlap the next
+    acc = _dot(_a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO), w, IEEE)
+    for k0 in range(BLOCK_K, K_SPLIT, BLOCK_K):  # K_SPLIT is a multiple of BLOCK_K: splits never overlap
         rk = k_lo + k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        xm = mmask[:, None] & kmask[None, :]
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
-        if PRO == 1 or PRO == 2:
-            nrm = (x.to(tl.float32) * inv[:, None]).to(xdt)
-            nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-            a = (nw[None, :] * nrm.to(tl.float32)).to(wdt)
-        elif PRO == 3:
-            u = tl.load(x_ptr + rm[:, None] * stride_xm + up_off + rk[None, :], mask=xm, other=0.0)
-            gf = x.to(tl.float32)
-            s = (gf / (1.0 + tl.exp(-gf))).to(xdt)  # F.silu, rounded
-            a = (s.to(tl.float32) * u.to(tl.float32)).to(xdt).to(wdt)
-        else:
-            a = x.to(wdt)
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        if IEEE:  # float32 operands (or the CPU interpreter, whose bf16 dot is wrong): exact float32 products
-            acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(a, tl.trans(w))
+        acc += _dot(_a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO), w, IEEE)
     if SPLIT_K == 1:
-        _epilogue(acc, rm, rn, mmask, nmask, b_ptr, r_ptr, y_ptr, h_ptr, sso_ptr, pid_n, M,
-                  stride_rm, stride_ym, stride_hm, HAS_BIAS, EPI_RES)
+        _epilogue(acc, bias, r, rm, rn, mmask, nmask, y_ptr, h_ptr, sso_ptr, pid_n, M, stride_ym, stride_hm,
+                  HAS_BIAS, EPI_RES)
     else:
         mn = mmask[:, None] & nmask[None, :]
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mn)
@@ -140,11 +164,11 @@ def _skinny_kernel(
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:  # the last split of this tile: sum the partials in split order
             tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in range(SPLIT_K):
+            for s in tl.static_range(SPLIT_K):
                 tot += tl.load(part_ptr + (s * M + rm[:, None]) * N + rn[None, :], mask=mn, other=0.0,
                                cache_modifier=".cg")
-            _epilogue(tot, rm, rn, mmask, nmask, b_ptr, r_ptr, y_ptr, h_ptr, sso_ptr, pid_n, M,
-                      stride_rm, stride_ym, stride_hm, HAS_BIAS, EPI_RES)
+            _epilogue(tot, bias, r, rm, rn, mmask, nmask, y_ptr, h_ptr, sso_ptr, pid_n, M, stride_ym, stride_hm,
+                      HAS_BIAS, EPI_RES)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -174,20 +198,28 @@ def _num_sms(device: torch.device) -> int:
 
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig:
-    """The launch settings :func:`skinny_linear` uses for an ``[m, k] x [k, n]`` product: 64
-    outputs per program, and the reduction split so that about two programs run per SM (at
-    most one ``BLOCK_K`` step per split)."""
-    block_n, block_k = 64, 128
+    """The launch settings :func:`skinny_linear` uses for an ``[m, k] x [k, n]`` product: 32
+    outputs per program (128 for an LM head's vocabulary), and the reduction split so that
+    about two programs run per SM, at least one 128-wide step per split (the fastest settings
+    of ``benchmarks/skinny_gemm.py --sweep`` at M = 16 on an H200, 2026-12-02)."""
+    block_n, block_k = (32, 128) if n <= 16384 else (128, 128)
     tiles = triton.cdiv(n, block_n)
     steps = triton.cdiv(k, block_k)
     split = max(1, min(steps, round(2 * _num_sms(device) / tiles)))
-    return SkinnyConfig(block_n, block_k, split, 4, 3)
+    return SkinnyConfig(block_n, block_k, split, 4, 4 if split == 1 else 3)
+
+
+@functools.cache
+def pdl_supported(device: torch.device) -> bool:
+    """Whether ``device`` runs programmatic dependent launch (CUDA compute capability 9.0 and later)."""
+    return device.type == "cuda" and not _INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     norm_weight: torch.Tensor | None = None, eps: float = 1e-6, norm_ss: torch.Tensor | None = None,
     silu: bool = False, residual: torch.Tensor | None = None, config: SkinnyConfig | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor | Rows:
     """``f(x) @ weight.T + bias`` for ``M <= MAX_ROWS`` rows, with ``f`` and the residual fused.
 
@@ -201,6 +233,9 @@ def skinny_linear(
         silu: ``f(x) = silu(x[:, :K]) * x[:, K:]`` (not with ``norm_weight``).
         residual: ``[M, N]``: return ``Rows(residual + y, ss)`` instead of ``y``.
         config: launch settings (None: :func:`default_config`).
+        pdl: launch with programmatic dependent launch (Hopper and later, see
+            :func:`pdl_supported`): the kernel lets the next launch start at once and fetches
+            its first weight tile and bias before it waits for the previous kernel's outputs.
 
     Returns ``y: [M, N]`` in ``x``'s dtype, or :class:`Rows` with ``residual``.  Raises
     ValueError for more than :data:`MAX_ROWS` rows, both ``norm_weight`` and ``silu``, or
@@ -246,9 +281,9 @@ def skinny_linear(
         sso if sso is not None else any_t, part, cnt,
         m, n, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, any_t.stride(0),
         any_t.stride(0), float(eps), k, n_ss,
-        K=k, PRO=pro, HAS_BIAS=bias is not None, EPI_RES=residual is not None, IEEE=weight.dtype == torch.float32 or _INTERPRET,
+        USE_GDC=pdl, K=k, PRO=pro, HAS_BIAS=bias is not None, EPI_RES=residual is not None, IEEE=weight.dtype == torch.float32 or _INTERPRET,
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         K_SPLIT=k_split, SS_PAD=max(2, triton.next_power_of_2(n_ss)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return y if residual is None else Rows(h, sso)
