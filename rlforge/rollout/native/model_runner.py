@@ -264,9 +264,11 @@ class ModelRunner:
         self.skinny = bool(self.fused and pack) if skinny is None else bool(skinny)
         self.skinny_head = self.skinny and (SKINNY_HEAD if skinny_head is None else bool(skinny_head))
         if pdl is None:
-            from rlforge.rollout.native.triton_skinny import pdl_supported
+            pdl = False
+            if self.skinny:  # Triton is there (the fused kernels are)
+                from rlforge.rollout.native.triton_skinny import pdl_supported
 
-            pdl = self.skinny and pdl_supported(cache.data.device)
+                pdl = pdl_supported(cache.data.device)
         self.pdl = bool(pdl)
 
     def refresh_weights(self) -> None:
