@@ -58,6 +58,13 @@ step_tests() {
     tests/engine/test_prefix_grouper.py tests/rollout/test_triton_skinny.py \
     > "$P/tests.txt" 2>&1
 }
+step_skinny3() {  # PDL one kernel ahead (trigger after the wait), x loads issued with the row statistics
+  timeout -k 5 100 python3 "$REPO/benchmarks/skinny_gemm.py" --models 0.5b --rows 16 > "$P/skinny_gemm3.txt" 2>&1
+  timeout -k 5 200 python3 "$RT" --step-profile --step-sizes 1 16 --step-variants cublas cublaspdl nopdl skinny \
+    --kernel-step-models qwen2.5-0.5b > "$P/skinny_prof3.txt" 2>&1
+  timeout -k 5 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_triton_skinny.py \
+    tests/rollout/test_triton_fused.py tests/rollout/test_split_kv_cuda.py > "$P/tests3.txt" 2>&1
+}
 step_skinny2() {  # after the first skinny reading: PDL, new defaults; 0.5B steps at B=1,16,32, 7B at 16
   timeout -k 5 150 python3 "$REPO/benchmarks/skinny_gemm.py" > "$P/skinny_gemm2.txt" 2>&1
   timeout -k 5 240 python3 "$RT" --step-profile --step-sizes 1 16 32 --step-variants cublas cublaspdl nopdl skinny \

@@ -48,11 +48,11 @@ def _paged_decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if USE_GDC:  # programmatic dependent launch: let the next kernel start now
-        tl.extra.cuda.gdc_launch_dependents()
     ctx = tl.load(ctx_ptr + b)  # the step's inputs, written before the graph runs
-    if USE_GDC:  # the previous kernel's q and K/V writes are complete after this
+    if USE_GDC:  # programmatic dependent launch: the previous kernel's q and K/V writes are complete after the
+        # wait; then the next kernel may start (one kernel ahead at most: it waits in turn)
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     heads = kvh * GROUP + offs_g
@@ -104,8 +104,8 @@ def _combine_splits_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     smask = offs_s < NUM_SPLITS

@@ -117,9 +117,9 @@ def _rope_and_cache_kernel(
     BF16: tl.constexpr, USE_GDC: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
-    if USE_GDC:  # programmatic dependent launch: let the next kernel start, wait for the previous one's q, k, v
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_GDC:  # programmatic dependent launch: wait for the previous kernel's q, k, v, then let the next start
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     d = tl.arange(0, HALF)
     c1 = tl.load(cos_ptr + t * stride_ct + d).to(tl.float32)
     c2 = tl.load(cos_ptr + t * stride_ct + HALF + d).to(tl.float32)

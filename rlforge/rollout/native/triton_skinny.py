@@ -79,18 +79,26 @@ def _epilogue(acc, bias, r, rm, rn, mmask, nmask, y_ptr, h_ptr, sso_ptr, pid_n, 
 
 
 @triton.jit
-def _a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO: tl.constexpr):
-    """The GEMM's left operand for columns ``rk``: ``f(x)[rm, rk]`` in the weight dtype."""
+def _load_x(x_ptr, rm, mmask, rk, kmask, stride_xm, up_off, PRO: tl.constexpr):
+    """The input rows' columns ``rk`` (and, for SiLU·mul, the matching ``up`` columns)."""
     xm = mmask[:, None] & kmask[None, :]
     x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
-    xdt = x_ptr.dtype.element_ty
+    u = x
+    if PRO == 3:
+        u = tl.load(x_ptr + rm[:, None] * stride_xm + up_off + rk[None, :], mask=xm, other=0.0)
+    return x, u
+
+
+@triton.jit
+def _a_tile(x, u, nw_ptr, w_ptr, rk, kmask, inv, PRO: tl.constexpr):
+    """The GEMM's left operand for columns ``rk``: ``f(x)`` in the weight dtype."""
+    xdt = x.dtype
     wdt = w_ptr.dtype.element_ty
     if PRO == 1 or PRO == 2:
         nrm = (x.to(tl.float32) * inv[:, None]).to(xdt)
         nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
         a = (nw[None, :] * nrm.to(tl.float32)).to(wdt)
     elif PRO == 3:
-        u = tl.load(x_ptr + rm[:, None] * stride_xm + up_off + rk[None, :], mask=xm, other=0.0)
         gf = x.to(tl.float32)
         s = (gf / (1.0 + tl.exp(-gf))).to(xdt)  # F.silu, rounded
         a = (s.to(tl.float32) * u.to(tl.float32)).to(xdt).to(wdt)
@@ -116,8 +124,6 @@ def _skinny_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if USE_GDC:  # programmatic dependent launch: the next kernel may start and fetch its own weights now
-        tl.extra.cuda.gdc_launch_dependents()
     rm = tl.arange(0, BLOCK_M)
     mmask = rm < M
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -130,8 +136,11 @@ def _skinny_kernel(
     bias = tl.zeros([BLOCK_N], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-    if USE_GDC:  # the previous kernel's outputs (x, the residual, the row statistics) are complete after this
+    if USE_GDC:  # programmatic dependent launch: the previous kernel's outputs (x, the residual, the row
+        # statistics) are complete after the wait; then the next kernel may start and fetch its own weights
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x, u = _load_x(x_ptr, rm, mmask, rk, kmask, stride_xm, up_off, PRO)  # issued with the loads below
     r = tl.zeros([BLOCK_M, BLOCK_N], dtype=r_ptr.dtype.element_ty)
     if EPI_RES:
         r = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0)
@@ -148,12 +157,13 @@ def _skinny_kernel(
         j = tl.arange(0, SS_PAD)
         parts = tl.load(ssi_ptr + j[:, None] * M + rm[None, :], mask=(j < n_ss)[:, None] & mmask[None, :], other=0.0)
         inv = tl.math.rsqrt(tl.sum(parts, 0) / K + eps)
-    acc = _dot(_a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO), w, IEEE)
+    acc = _dot(_a_tile(x, u, nw_ptr, w_ptr, rk, kmask, inv, PRO), w, IEEE)
     for k0 in range(BLOCK_K, K_SPLIT, BLOCK_K):  # K_SPLIT is a multiple of BLOCK_K: splits never overlap
         rk = k_lo + k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        acc += _dot(_a_tile(x_ptr, nw_ptr, w_ptr, rm, mmask, rk, kmask, stride_xm, up_off, inv, PRO), w, IEEE)
+        x, u = _load_x(x_ptr, rm, mmask, rk, kmask, stride_xm, up_off, PRO)
+        acc += _dot(_a_tile(x, u, nw_ptr, w_ptr, rk, kmask, inv, PRO), w, IEEE)
     if SPLIT_K == 1:
         _epilogue(acc, bias, r, rm, rn, mmask, nmask, y_ptr, h_ptr, sso_ptr, pid_n, M, stride_ym, stride_hm,
                   HAS_BIAS, EPI_RES)
