@@ -30,8 +30,6 @@
 #   lt128g    (~3 min)  lt128's generate row beside native (60 s of generate after a 60 s warm-up)
 #   e2etrl    (~7 min)  e2e_grpo 0.5B, small workload (8 prompts x 8, 128 + 128 tokens), rlforge beside trl-fast
 #                       and trl-cb, 3 interleaved repetitions
-#   skinny    (~9 min)  benchmarks/skinny_gemm.py --sweep (decode-size fused GEMMs beside cuBLAS), whole decode
-#                       steps cuBLAS / skinny / skinny + LM head (0.5B B=1,16,64 x 8k; 7B B=16)
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -55,30 +53,8 @@ setup() {
 step_tests() {
   timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
     tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
-    tests/engine/test_prefix_grouper.py tests/rollout/test_triton_skinny.py \
+    tests/engine/test_prefix_grouper.py \
     > "$P/tests.txt" 2>&1
-}
-step_skinny3() {  # PDL one kernel ahead (trigger after the wait), x loads issued with the row statistics
-  timeout -k 5 100 python3 "$REPO/benchmarks/skinny_gemm.py" --models 0.5b --rows 16 > "$P/skinny_gemm3.txt" 2>&1
-  timeout -k 5 200 python3 "$RT" --step-profile --step-sizes 1 16 --step-variants cublas cublaspdl nopdl skinny \
-    --kernel-step-models qwen2.5-0.5b > "$P/skinny_prof3.txt" 2>&1
-  timeout -k 5 100 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_triton_skinny.py \
-    tests/rollout/test_triton_fused.py tests/rollout/test_split_kv_cuda.py > "$P/tests3.txt" 2>&1
-}
-step_skinny2() {  # after the first skinny reading: PDL, new defaults; 0.5B steps at B=1,16,32, 7B at 16
-  timeout -k 5 150 python3 "$REPO/benchmarks/skinny_gemm.py" > "$P/skinny_gemm2.txt" 2>&1
-  timeout -k 5 240 python3 "$RT" --step-profile --step-sizes 1 16 32 --step-variants cublas cublaspdl nopdl skinny \
-    --kernel-step-models qwen2.5-0.5b > "$P/skinny_prof2.txt" 2>&1
-  timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 16 --step-variants cublas skinny \
-    --kernel-step-models qwen2.5-7b > "$P/skinny_prof2_7b.txt" 2>&1
-}
-step_skinny() {  # the decode-size fused GEMMs: layer chains and GEMMs beside cuBLAS, a launch-setting sweep, whole
-  # captured decode steps with cuBLAS / skinny / skinny + LM head
-  timeout -k 5 300 python3 "$REPO/benchmarks/skinny_gemm.py" --sweep > "$P/skinny_gemm.txt" 2>&1
-  timeout -k 5 240 python3 "$RT" --step-profile --step-sizes 1 16 64 --step-variants cublas skinny skinnyhead \
-    --kernel-step-models qwen2.5-0.5b > "$P/skinny_prof.txt" 2>&1
-  timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 16 --step-variants cublas skinny \
-    --kernel-step-models qwen2.5-7b > "$P/skinny_prof7b.txt" 2>&1
 }
 step_kernels() {
   timeout -k 5 420 python3 "$RT" --kernels > "$P/kernels.txt" 2>&1

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import math
 import signal
@@ -314,15 +313,7 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
         _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
 
 
-STEP_VARIANTS = {"skinny": {}, "cublas": {"skinny": False}, "skinnyhead": {"skinny_head": True},
-                 "nopdl": {"pdl": False}, "cublaspdl": {"skinny": False, "pdl": True}}
-"""``--step-variants``: model-runner options of a captured step (skinny: the default, decode GEMMs in
-``triton_skinny``, with programmatic dependent launch on Hopper; cublas: the fused path's cuBLAS GEMMs;
-skinnyhead: the LM head in the skinny kernel too; nopdl: skinny without programmatic dependent launch; cublaspdl:
-cuBLAS GEMMs, the attention with programmatic dependent launch)."""
-
-
-def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, **runner_kw):
+def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None):
     """A captured whole decode step (:class:`DecodeGraphs` of the model runner) at ``b`` rows of
     ``ctx`` cached tokens behind shuffled block tables, and the split choice it was captured
     with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1)."""
@@ -333,7 +324,7 @@ def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, *
     from rlforge.rollout.native.model_runner import ModelRunner
 
     per_row = -(-(ctx + 1) // bs)
-    runner = ModelRunner(model, cache, "triton", **runner_kw)
+    runner = ModelRunner(model, cache, "triton")
     with mock.patch.object(ta, "auto_num_splits", splits_patch) if splits_patch else contextlib.nullcontext():
         splits = ta.auto_num_splits(b, runner.spec.num_kv_heads, per_row * bs, torch.device("cuda"))
         graphs = DecodeGraphs(runner, [b], per_row, b * per_row * bs)
@@ -443,8 +434,7 @@ def attention_sweep(bw: Bandwidths) -> None:
         torch.cuda.empty_cache()
 
 
-def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20,
-                 variants: tuple[str, ...] = ("skinny",)) -> None:
+def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20) -> None:
     """Where one captured decode step's time goes: each model in ``names`` at each batch in
     ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
     torch.profiler, their kernels summed per name and divided by ``replays`` (us per step)."""
@@ -456,9 +446,9 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
     for name in names:
         model = build(name)
         cost = ModelCost.of(model)
-        for b, variant in itertools.product(sizes, variants):
+        for b in sizes:
             cache = _step_cache(model, b, ctx)
-            graphs, splits = _captured_step(model, cache, b, ctx, 16, **STEP_VARIANTS[variant])
+            graphs, splits = _captured_step(model, cache, b, ctx, 16)
             t = cuda_time(lambda g=graphs, b=b: g.replay(b), 10)
             floor = step_floor(cost, b, ctx + 1, bw.spec)
             with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -472,7 +462,7 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
                     per[ev.name[:90]][1] += ev.device_time
             busy = sum(v[1] for v in per.values()) / replays
             n = sum(v[0] for v in per.values()) / replays
-            print(f"\n### decode step {name} [{variant}] B={b} ctx={ctx} splits={splits}: {t * 1e6:.0f} us/step (floor "
+            print(f"\n### decode step {name} B={b} ctx={ctx} splits={splits}: {t * 1e6:.0f} us/step (floor "
                   f"{floor * 1e6:.0f} us, frac {floor / t:.2f}); kernels {n:.0f}/step, busy {busy:.0f} us/step, "
                   f"gaps {t * 1e6 - busy:.0f} us/step", flush=True)
             print("| kernel | calls/step | us/step | us/call | % busy |\n|---|---|---|---|---|")
@@ -571,8 +561,6 @@ def _args() -> argparse.Namespace:
                     help="time decode attention launch settings (splits, pages per tile, warps) in CUDA graphs and exit")
     ap.add_argument("--step-sizes", type=_positive, nargs="+", default=[1, 16, 64],
                     help="batch sizes for --step-profile (contexts: 8k, or 512 from batch 256 up)")
-    ap.add_argument("--step-variants", nargs="+", default=["skinny"], choices=sorted(STEP_VARIANTS),
-                    help="model-runner variants of each --step-profile step")
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
@@ -585,9 +573,9 @@ def _args() -> argparse.Namespace:
         parts = v.split("-")
         flags = [x for x in parts[2:] if not _burst(x)]
         if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
-                or not set(flags) <= {"unfused", "unpacked", "noskinny"} or len(set(parts[2:])) != len(parts[2:])
+                or not set(flags) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])
                 or len(parts[2:]) - len(flags) > 1):
-            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-noskinny][-burstN], "
+            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-burstN], "
                      "ATTENTION triton or torch, N >= 1 decode steps between host reads (the engine's 16)")
     for key in ("hf_setups", "longtail_hf_setups"):
         names = [x for x in getattr(args, key).split(",") if x]
@@ -641,7 +629,6 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
         runs = [run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
                            fused_kernels=False if "unfused" in rest else None,
                            pack_weights=False if "unpacked" in rest else None,
-                           skinny_gemms=False if "noskinny" in rest else None,
                            **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}),
                            **kw) for _ in range(reps)]
         secs = sorted(r[1] for r in runs)
@@ -734,8 +721,7 @@ def main() -> None:
     if args.step_profile:
         print(bw.line(), flush=True)
         for b in args.step_sizes:
-            step_profile(args.kernel_step_models, (b,), 512 if b >= 256 else 8192, bw,
-                         variants=tuple(args.step_variants))
+            step_profile(args.kernel_step_models, (b,), 512 if b >= 256 else 8192, bw)
         return
     if args.attention_sweep:
         print(bw.line(), flush=True)

@@ -175,19 +175,17 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 def decode_attention(
     backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, num_splits: int | None = None, pdl: bool = False,
+    context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
 ) -> torch.Tensor:
     """Paged decode attention with a resolved ``backend`` (``triton`` | ``torch``); see the module docstring.
 
     ``num_splits``: context splits (flash-decoding); None = :func:`choose_num_splits` on the
     Triton path, unsplit on the torch path (the split torch reference is for tests, not speed).
-    ``pdl``: the Triton kernels' programmatic dependent launch (ignored by the torch path).
     """
     if backend == "triton":
         from rlforge.rollout.native.triton_attention import paged_decode_attention
 
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits,
-                                      pdl=pdl)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
     if num_splits is not None and num_splits > 1:
         return decode_attention_split_torch(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits)
     return decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)

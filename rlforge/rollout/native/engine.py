@@ -75,9 +75,6 @@ class NativeRollout(Rollout):
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
         pack_weights: Q/K/V and gate/up projections as one GEMM each, from copies refreshed
             before every generation (:mod:`.rollout_weights`); None = on CUDA.
-        skinny_gemms: decode steps of at most 64 rows run each layer's GEMMs in one Triton
-            kernel with the norms, SiLU·mul and residual adds fused in (:mod:`.triton_skinny`);
-            None = with the fused kernels and packed weights.
 
     Raises ValueError for a non-positive size.
     """
@@ -108,7 +105,6 @@ class NativeRollout(Rollout):
         attention: str = "auto",
         fused_kernels: bool | None = None,
         pack_weights: bool | None = None,
-        skinny_gemms: bool | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"rollout block_size must be >= 1, got {block_size}")
@@ -138,7 +134,6 @@ class NativeRollout(Rollout):
         self.attention = attention
         self.fused_kernels = fused_kernels
         self.pack_weights = self.device.type == "cuda" if pack_weights is None else bool(pack_weights)
-        self.skinny_gemms = skinny_gemms
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
         self._last_metrics: dict[str, float] = {}
@@ -211,8 +206,7 @@ class NativeRollout(Rollout):
                     "lower data.max_response_length or data.train_batch_size, or actor_rollout_ref.rollout."
                     "gpu_memory_utilization on a GPU"
                 ) from None
-            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights,
-                                       self.skinny_gemms)
+            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights)
             self._runner_key = key
             if self.use_graphs:
                 sizes = capture_sizes(self.cudagraph_capture_sizes, batch)

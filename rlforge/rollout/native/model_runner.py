@@ -35,26 +35,7 @@ from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.rollout_weights import RolloutWeights, Slot
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
-
-@dataclass
-class Rows:
-    """Rows ``h: [T, N]`` in the compute dtype and their sums of squares in pieces: ``ss: [tiles,
-    T]`` float32, ``ss.sum(0)[t] == (h[t].float() ** 2).sum()`` up to the order of the float32
-    sum (None: not computed).  What a residual epilogue of
-    :func:`~rlforge.rollout.native.triton_skinny.skinny_linear` returns, and the skinny body."""
-
-    h: torch.Tensor
-    ss: torch.Tensor | None = None
-
-
-def _skinny_max_rows() -> int:
-    from rlforge.rollout.native.triton_skinny import MAX_ROWS
-
-    return MAX_ROWS
-
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-SKINNY_HEAD = False
-"""Whether decode-size steps run the LM head in the skinny kernel (its RMSNorm fused) rather than cuBLAS."""
 """``config.model_type`` values whose decoder layer this runner reproduces."""
 
 
@@ -226,22 +207,14 @@ class ModelRunner:
     ``fused``: the layers' elementwise work in the Triton kernels of
     :mod:`.triton_fused` (four launches per layer instead of ~30); None = exactly when the
     attention backend is ``triton`` (CUDA with Triton).  Raises ValueError for ``fused=True``
-    where Triton cannot run.  ``skinny``: steps of at most
-    :data:`~rlforge.rollout.native.triton_skinny.MAX_ROWS` tokens (decode batches) run each
-    layer's GEMMs in :func:`~rlforge.rollout.native.triton_skinny.skinny_linear`, with the
-    residual adds, RMSNorms and SiLU·mul fused into them (six launches per layer); None = with
-    ``fused`` and ``pack``; ``skinny_head``: the LM head too (None = :data:`SKINNY_HEAD`).
-    ``pdl``: launch the skinny body's Triton kernels and the decode attention with programmatic
-    dependent launch, so each fetches its weights while the previous one finishes; None = with
-    ``skinny`` on Hopper and later.  ``pack``: Q/K/V and gate/up as one GEMM each
+    where Triton cannot run.  ``pack``: Q/K/V and gate/up as one GEMM each
     (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
     (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
     """
 
     def __init__(
         self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None,
-        pack: bool | None = None, skinny: bool | None = None, skinny_head: bool | None = None,
-        pdl: bool | None = None,
+        pack: bool | None = None,
     ) -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
@@ -259,17 +232,6 @@ class ModelRunner:
             raise ValueError("the fused rollout kernels need a CUDA device, the triton package and a power-of-two "
                              f"head dimension (this model's is {self.spec.head_dim})")
         self.fused = bool(fused)
-        if skinny and not (self.fused and pack):
-            raise ValueError("the skinny decode GEMMs need the fused kernels and packed weights (fused=True, pack=True)")
-        self.skinny = bool(self.fused and pack) if skinny is None else bool(skinny)
-        self.skinny_head = self.skinny and (SKINNY_HEAD if skinny_head is None else bool(skinny_head))
-        if pdl is None:
-            pdl = False
-            if self.skinny:  # Triton is there (the fused kernels are)
-                from rlforge.rollout.native.triton_skinny import pdl_supported
-
-                pdl = pdl_supported(cache.data.device)
-        self.pdl = bool(pdl)
 
     def refresh_weights(self) -> None:
         """Copy the module's current weights into the runner's packed / cast copies (before each generation)."""
@@ -285,7 +247,7 @@ class ModelRunner:
 
     def _decode_attn(self, q: torch.Tensor, layer: int, bt: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         kc, vc = self.cache.data[layer, 0], self.cache.data[layer, 1]
-        return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale, pdl=self.pdl)
+        return decode_attention(self.backend, q.to(kc.dtype), kc, vc, bt, ctx, self.scale)
 
     def _mixed_attn(self, q: torch.Tensor, layer: int, inp: StepInputs) -> torch.Tensor:
         """``q: [T, H, D]`` -> ``[T, H, D]``: decode rows in one paged call, prefill chunks in another."""
@@ -306,8 +268,6 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The decoder layers over ``T`` flat tokens; writes their K/V at ``slot_mapping``; returns ``h: [T, hidden]``."""
         if self.fused:
-            if self.skinny and input_ids.shape[0] <= _skinny_max_rows():
-                return self._body_skinny(input_ids, positions, slot_mapping, attend)
             return self._body_fused(input_ids, positions, slot_mapping, attend)
         s, m = self.spec, self.module.model
         h = F.embedding(input_ids, m.embed_tokens.weight)
@@ -366,66 +326,14 @@ class ModelRunner:
             delta = F.linear(silu_mul(*_project(x, lw.gate_up)), *lw.down.linear)
         return h if delta is None else h + delta
 
-    def _body_skinny(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-        attend: Callable[[torch.Tensor, int], torch.Tensor],
-    ) -> Rows:
-        """:meth:`_body_fused` for at most ``MAX_ROWS`` tokens, each GEMM in
-        :func:`~rlforge.rollout.native.triton_skinny.skinny_linear`: the RMSNorms run in the
-        QKV and gate/up GEMMs (their row statistics summed from the previous GEMM's epilogue),
-        SiLU·mul in the down GEMM, the residual adds in the O and down GEMMs' epilogues.
-        Returns the last residual rows with their per-tile sums of squares."""
-        from rlforge.rollout.native.triton_fused import add_rms_norm, rope_and_cache
-        from rlforge.rollout.native.triton_skinny import skinny_linear
-
-        s, m, pdl = self.spec, self.module.model, self.pdl
-        h = F.embedding(input_ids, m.embed_tokens.weight)
-        cos, sin = self._rope(positions, h.dtype)
-        T = h.shape[0]
-        ss: torch.Tensor | None = None  # first layer: the RMSNorm takes its statistics from h itself
-        for i, layer in enumerate(m.layers):
-            att, lw = layer.self_attn, self.weights.layers[i]
-            ln, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            qkv = skinny_linear(h, *lw.qkv[0].linear, norm_weight=ln.weight, eps=ln.variance_epsilon, norm_ss=ss,
-                               pdl=pdl)
-            q, k, v = qkv.split(lw.qkv[0].sizes, dim=-1)
-            q = q.view(T, s.num_heads, s.head_dim)
-            k = k.view(T, s.num_kv_heads, s.head_dim)
-            v = v.view(T, s.num_kv_heads, s.head_dim)
-            if getattr(att, "q_norm", None) is not None:  # Qwen3
-                q = add_rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)[0]
-                k = add_rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)[0]
-            q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1), pdl=pdl)
-            a = attend(q, i).to(h.dtype)
-            r = skinny_linear(a.reshape(T, -1), *lw.o.linear, residual=h, pdl=pdl)
-            gu = skinny_linear(r.h, *lw.gate_up[0].linear, norm_weight=ln2.weight, eps=ln2.variance_epsilon,
-                               norm_ss=r.ss, pdl=pdl)
-            r = skinny_linear(gu, *lw.down.linear, silu=True, residual=r.h, pdl=pdl)
-            h, ss = r.h, r.ss
-        return Rows(h, ss)
-
-    def _logits(self, h: torch.Tensor | Rows) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
         m = self.module.model
-        norm = m.norm
-        if isinstance(h, Rows):
-            if self.skinny_head and h.ss is not None:
-                from rlforge.rollout.native.triton_skinny import skinny_linear
-
-                return skinny_linear(h.h, *self.weights.lm_head.linear, norm_weight=norm.weight,
-                                     eps=norm.variance_epsilon, norm_ss=h.ss, pdl=self.pdl)
-            h = h.h
-        if self.fused:
-            from rlforge.rollout.native.triton_fused import add_rms_norm
-
-            return F.linear(add_rms_norm(h, norm.weight, norm.variance_epsilon)[0], *self.weights.lm_head.linear)
-        return F.linear(rms_norm(h, norm.weight, norm.variance_epsilon), *self.weights.lm_head.linear)
+        return F.linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), *self.weights.lm_head.linear)
 
     @torch.no_grad()
     def run(self, inp: StepInputs) -> torch.Tensor:
         """A mixed step; returns ``logits: [len(inp.sample_rows), V]`` in the compute dtype."""
         h = self._body(inp.input_ids, inp.positions, inp.slot_mapping, lambda q, i: self._mixed_attn(q, i, inp))
-        if isinstance(h, Rows):
-            h = h.h
         return self._logits(h.index_select(0, inp.sample_index))
 
     @torch.no_grad()

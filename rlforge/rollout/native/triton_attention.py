@@ -43,16 +43,12 @@ def _paged_decode_kernel(
     stride_ob, stride_oh,
     num_heads,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_GDC: tl.constexpr = False,
+    BLOCK_SIZE: tl.constexpr, PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + b)  # the step's inputs, written before the graph runs
-    if USE_GDC:  # programmatic dependent launch: the previous kernel's q and K/V writes are complete after the
-        # wait; then the next kernel may start (one kernel ahead at most: it waits in turn)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    ctx = tl.load(ctx_ptr + b)
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     heads = kvh * GROUP + offs_g
@@ -99,13 +95,10 @@ def _paged_decode_kernel(
 @triton.jit
 def _combine_splits_kernel(
     po_ptr, plse_ptr, o_ptr, stride_ob, stride_oh, num_heads,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, USE_GDC: tl.constexpr = False,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     smask = offs_s < NUM_SPLITS
@@ -134,16 +127,14 @@ def auto_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, pages_per_tile: int | None = None, num_splits: int | None = None,
-    num_warps: int = 4, pdl: bool = False,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``q: [B, H, D]``, caches ``[num_blocks, block_size, KVH, D]`` (contiguous in the last
     three dims), ``block_tables: [B, max_blocks]`` int32, ``context_lens: [B]`` int32 ->
     ``[B, H, D]`` in ``q.dtype``.  ``q``'s dtype must equal the cache's.  ``num_splits``:
     context splits (None = automatic, see the module docstring; 1 = the unsplit kernel).
     ``pages_per_tile`` (cache blocks per loop step, None = 64 tokens) and ``num_warps`` are
-    launch settings that change the speed, not the result; so is ``pdl`` (programmatic dependent
-    launch, Hopper and later: each kernel lets the next start and waits for the previous one's
-    outputs).  Raises ValueError for ``num_splits < 1``."""
+    launch settings that change the speed, not the result.  Raises ValueError for ``num_splits < 1``."""
     b, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     group = h // kvh
@@ -168,15 +159,14 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         h,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
-        BLOCK_SIZE=bs, PAGES=pages_per_tile, NUM_SPLITS=num_splits, USE_GDC=pdl,
-        num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+        BLOCK_SIZE=bs, PAGES=pages_per_tile, NUM_SPLITS=num_splits,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         pad = max(2, triton.next_power_of_2(num_splits))
         _combine_splits_kernel[(b, h)](
             po, plse, out, out.stride(0), out.stride(1), h,
-            NUM_SPLITS=num_splits, SPLITS_PAD=pad, HEAD_DIM=d, USE_GDC=pdl,
+            NUM_SPLITS=num_splits, SPLITS_PAD=pad, HEAD_DIM=d,
             num_warps=4 if pad * d > 2048 else 2,  # the [S, D] float32 tile stays in registers
-            **({"launch_pdl": True} if pdl else {}),
         )
     return out

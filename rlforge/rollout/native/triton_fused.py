@@ -114,12 +114,9 @@ def _rope_and_cache_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct,
     stride_qot, stride_qoh, stride_cs, stride_ch,
     H: tl.constexpr, KVH: tl.constexpr, H_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF: tl.constexpr,
-    BF16: tl.constexpr, USE_GDC: tl.constexpr = False,
+    BF16: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    if USE_GDC:  # programmatic dependent launch: wait for the previous kernel's q, k, v, then let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     d = tl.arange(0, HALF)
     c1 = tl.load(cos_ptr + t * stride_ct + d).to(tl.float32)
     c2 = tl.load(cos_ptr + t * stride_ct + HALF + d).to(tl.float32)
@@ -153,7 +150,7 @@ def _rope_and_cache_kernel(
 
 def rope_and_cache(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pdl: bool = False,
+    slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 ) -> torch.Tensor:
     """Rotate-half RoPE of ``q`` and ``k`` and the store of the rotated K and of V in the cache.
 
@@ -161,9 +158,7 @@ def rope_and_cache(
     ``[T, D]`` in the compute dtype (``cat(freqs, freqs)`` layout, attention scaling applied);
     ``slot_mapping: [T]`` int64 flat cache slots; ``k_cache``, ``v_cache``:
     ``[num_slots, KVH, D]`` views of one layer's cache (written in place).  Returns the rotated
-    queries ``[T, H, D]``.  ``pdl``: launch with programmatic dependent launch (Hopper and
-    later; the kernel waits for the previous kernel before it reads anything).  Raises
-    ValueError for an odd head dimension or not a power of two.
+    queries ``[T, H, D]``.  Raises ValueError for an odd head dimension or not a power of two.
     """
     t_, h_, d_ = q.shape
     kvh = k.shape[1]
@@ -179,9 +174,8 @@ def rope_and_cache(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
             q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
             H=h_, KVH=kvh, H_PAD=triton.next_power_of_2(h_), KVH_PAD=triton.next_power_of_2(kvh), HALF=d_ // 2,
-            BF16=q.dtype == torch.bfloat16, USE_GDC=pdl, num_warps=4,
+            BF16=q.dtype == torch.bfloat16, num_warps=4,
             enable_fp_fusion=False,  # float32: torch rounds the products before the sum, no FMA
-            **({"launch_pdl": True} if pdl else {}),
         )
     return q_out
 
