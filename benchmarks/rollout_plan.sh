@@ -30,6 +30,9 @@
 #   lt128g    (~3 min)  lt128's generate row beside native (60 s of generate after a 60 s warm-up)
 #   e2etrl    (~7 min)  e2e_grpo 0.5B, small workload (8 prompts x 8, 128 + 128 tokens), rlforge beside trl-fast
 #                       and trl-cb, 3 interleaved repetitions
+#   sampler   (~1 min)  benchmarks/sampler_bench.py: the sampler beside its previous version (.old/triton_sampler.py)
+#   fair3     (~5 min)  0.5B random x1024: native per-run engine and warm engine (median of 3) beside warm generate;
+#                       captured decode steps at B=16 x 8k and 1024 x 512
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -53,7 +56,7 @@ setup() {
 step_tests() {
   timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
     tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
-    tests/engine/test_prefix_grouper.py \
+    tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py \
     > "$P/tests.txt" 2>&1
 }
 step_kernels() {
@@ -126,6 +129,18 @@ step_e2etrl() {  # issue 17: e2e with both TRL rows, same weights, 3 interleaved
   mkdir -p "$P/e2etrl" && cp /tmp/e2etrl/e2e_grpo.* "$P/e2etrl/" 2>/dev/null
   for d in /tmp/e2etrl/rep*; do [ -d "$d" ] && mkdir -p "$P/e2etrl/${d##*/}" && cp "$d"/*.log "$P/e2etrl/${d##*/}/"; done
   return $rc
+}
+step_sampler() {  # the two-kernel sampler beside the one-pass Gumbel-max kernel it replaced (carried in .old/)
+  timeout -k 5 120 python3 "$REPO/benchmarks/sampler_bench.py" --old "$REPO/.old/triton_sampler.py" \
+    > "$P/sampler.txt" 2>&1
+}
+step_fair3() {  # random x1024: native on a new engine per run and on one warm engine (median of 3 each), beside
+  # warm generate at 1024; then whole captured decode steps at B=16 x 8k and B=1024 x 512
+  timeout -k 30 300 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
+    --hf-setups generate --variants triton-graph,triton-graph-warm --native-reps 3 --json "$P/fair3.json" \
+    > "$P/fair3.txt" 2>&1
+  timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 16 1024 --kernel-step-models qwen2.5-0.5b \
+    > "$P/fair3_steps.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

@@ -170,9 +170,16 @@ def per_row_lengths(lengths: np.ndarray, made: list):
         engine_module.Sequence = orig
 
 
-def run_native(model, wl: Workload, max_num_seqs: int, **kw) -> tuple[int, float, dict[str, float]]:
-    eng = NativeRollout(model, [], 0, torch.device("cuda"), progress=False, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=16384, ignore_eos=True, seed=0, **kw)
+def native_engine(model, max_num_seqs: int, **kw) -> NativeRollout:
+    return NativeRollout(model, [], 0, torch.device("cuda"), progress=False, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=16384, ignore_eos=True, seed=0, **kw)
+
+
+def run_native(model, wl: Workload, max_num_seqs: int, engine: NativeRollout | None = None,
+               **kw) -> tuple[int, float, dict[str, float]]:
+    """One timed ``generate`` of ``wl``: on a new engine (its KV cache allocation and graph capture
+    timed), or on ``engine`` (a warm one: built with ``free_cache_engine=False`` and used before)."""
+    eng = engine if engine is not None else native_engine(model, max_num_seqs, **kw)
     params = SamplingParams(temperature=1.0, max_new_tokens=int(wl.lengths.max()))
     made: list = []
     with per_row_lengths(wl.lengths, made):
@@ -549,7 +556,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
                     help="native variants: ATTENTION-{graph,eager}[-unfused][-unpacked] (unfused: the layers' "
                          "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
-                         "separate Q/K/V and gate/up GEMMs)")
+                         "separate Q/K/V and gate/up GEMMs; warm: one engine kept across runs, as in training "
+                         "with rollout.free_cache_engine=false, after one unmeasured run, as the generate rows "
+                         "are warmed by a whole call)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=_positive, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
@@ -573,9 +582,9 @@ def _args() -> argparse.Namespace:
         parts = v.split("-")
         flags = [x for x in parts[2:] if not _burst(x)]
         if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
-                or not set(flags) <= {"unfused", "unpacked"} or len(set(parts[2:])) != len(parts[2:])
+                or not set(flags) <= {"unfused", "unpacked", "warm"} or len(set(parts[2:])) != len(parts[2:])
                 or len(parts[2:]) - len(flags) > 1):
-            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-burstN], "
+            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-warm][-burstN], "
                      "ATTENTION triton or torch, N >= 1 decode steps between host reads (the engine's 16)")
     for key in ("hf_setups", "longtail_hf_setups"):
         names = [x for x in getattr(args, key).split(",") if x]
@@ -626,11 +635,14 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
     fs, fc = floors(cost, wl.lengths, mns, bw)
 
     def go():
-        runs = [run_native(model, wl, mns, attention=attn, enforce_eager=mode == "eager",
-                           fused_kernels=False if "unfused" in rest else None,
-                           pack_weights=False if "unpacked" in rest else None,
-                           **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}),
-                           **kw) for _ in range(reps)]
+        opts = dict(attention=attn, enforce_eager=mode == "eager", fused_kernels=False if "unfused" in rest else None,
+                    pack_weights=False if "unpacked" in rest else None,
+                    **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}), **kw)
+        engine = None
+        if "warm" in rest:  # one engine for every run, its cache and graphs kept: one unmeasured run first
+            engine = native_engine(model, mns, free_cache_engine=False, **opts)
+            run_native(model, wl, mns, engine)
+        runs = [run_native(model, wl, mns, engine, **opts) for _ in range(reps)]
         secs = sorted(r[1] for r in runs)
         tokens, sec, m = runs[[r[1] for r in runs].index(secs[len(secs) // 2])]  # the median run
         note = phases(m)
