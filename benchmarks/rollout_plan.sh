@@ -33,6 +33,7 @@
 #   sampler   (~1 min)  benchmarks/sampler_bench.py: the sampler beside its previous version (.old/triton_sampler.py)
 #   fair3     (~5 min)  0.5B random x1024: native per-run engine and warm engine (median of 3) beside warm generate;
 #                       captured decode steps at B=16 x 8k and 1024 x 512
+#   fair4     (~6 min)  fair3's random x1024 rows with the default allocator, then with expandable segments
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -141,6 +142,17 @@ step_fair3() {  # random x1024: native on a new engine per run and on one warm e
     > "$P/fair3.txt" 2>&1
   timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 16 1024 --kernel-step-models qwen2.5-0.5b \
     > "$P/fair3_steps.txt" 2>&1
+}
+step_fair4() {  # fair3 twice: the default allocator, then expandable segments (the setting that spares generate's
+  # growing dynamic cache its cudaMalloc calls), each in its own process
+  timeout -k 30 300 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
+    --hf-setups generate --variants triton-graph,triton-graph-warm --native-reps 3 --json "$P/fair4a.json" \
+    > "$P/fair4a.txt" 2>&1
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 30 300 python3 "$RT" --models qwen2.5-0.5b \
+    --workloads random --skip-grpo --hf-batch 1024 --hf-setups generate --variants triton-graph,triton-graph-warm \
+    --native-reps 3 --json "$P/fair4b.json" > "$P/fair4b.txt" 2>&1
+  timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 1024 --kernel-step-models qwen2.5-0.5b \
+    > "$P/fair4_steps.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

@@ -201,3 +201,25 @@ def test_native_rollout_reports_rollout_metrics(tmp_path):
     assert 0 < row["rollout/kv_cache_peak_usage"] <= 1
     assert 0 < row["rollout/batch_occupancy"] <= 1
     assert row["rollout/prefix_hit_blocks"] > 0
+
+
+def test_decode_step_writes_logits_into_out(model, tiny_tokenizer):
+    """``ModelRunner.decode(d, out=buf)`` (what the CUDA graphs capture) fills ``buf`` with the
+    same logits as ``decode(d)``, and both equal transformers' forward at the new position."""
+    from rlforge.rollout.native.model_runner import DecodeInputs
+
+    ids = tiny_tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]
+    runner = ModelRunner(model, KVCache.allocate(2, 4, 8, 2, 16, torch.float32, CPU))
+    n = len(ids)
+    pages = list(range(-(-(n + 1) // 8)))
+    runner.run(step_inputs(ids, list(range(n)), list(range(n)), [0], [n], [n], [pages], [n - 1], [0], CPU, 8))
+    nxt = 7
+    d = DecodeInputs(torch.tensor([nxt]), torch.tensor([n]), torch.tensor([n]),
+                     torch.tensor([pages], dtype=torch.int32), torch.tensor([n + 1], dtype=torch.int32))
+    plain = runner.decode(d)
+    buf = torch.full_like(plain, float("nan"))
+    got = runner.decode(d, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, plain)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids + [nxt]])).logits[0, -1]
+    torch.testing.assert_close(buf[0], ref, atol=1e-4, rtol=1e-4)

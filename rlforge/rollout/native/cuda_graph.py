@@ -95,12 +95,13 @@ class DecodeGraphs:
     def _capture(self, size: int) -> torch.cuda.CUDAGraph:
         """Capture the decode step of ``size`` rows (on first use: a generation whose batch
         never shrinks captures one size, not the whole ladder).  All sizes share one memory
-        pool; they never run concurrently and none keeps a live tensor in it (the logits are
-        copied out to :attr:`logits`), so the order of capture does not matter."""
+        pool; they never run concurrently and none keeps a live tensor in it (the LM head writes
+        the logits straight into :attr:`logits`, outside the pool), so the order of capture does
+        not matter."""
         t0 = time.perf_counter()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool):
-            self.logits[:size].copy_(self._runner.decode(self.view(size)))
+            self._runner.decode(self.view(size), out=self.logits[:size])
         self._pool = g.pool()
         self.graphs[size] = g
         self.capture_s += time.perf_counter() - t0

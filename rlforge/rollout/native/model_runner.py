@@ -326,9 +326,19 @@ class ModelRunner:
             delta = F.linear(silu_mul(*_project(x, lw.gate_up)), *lw.down.linear)
         return h if delta is None else h + delta
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, V]`` logits; written into ``out`` (``[T, V]``, the result's dtype) when given, so a
+        captured step needs no copy of the whole vocabulary out of its memory pool."""
         m = self.module.model
-        return F.linear(rms_norm(h, m.norm.weight, m.norm.variance_epsilon), *self.weights.lm_head.linear)
+        x = rms_norm(h, m.norm.weight, m.norm.variance_epsilon)
+        weight, bias = self.weights.lm_head.linear
+        if out is None:
+            return F.linear(x, weight, bias)
+        if torch.is_autocast_enabled() or out.dtype != x.dtype or weight.dtype != x.dtype:
+            return out.copy_(F.linear(x, weight, bias))  # autocast has no out= matmuls
+        if bias is None:
+            return torch.mm(x, weight.t(), out=out)
+        return torch.addmm(bias, x, weight.t(), out=out)
 
     @torch.no_grad()
     def run(self, inp: StepInputs) -> torch.Tensor:
@@ -337,10 +347,10 @@ class ModelRunner:
         return self._logits(h.index_select(0, inp.sample_index))
 
     @torch.no_grad()
-    def decode(self, d: DecodeInputs) -> torch.Tensor:
+    def decode(self, d: DecodeInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         """A pure decode step; returns ``logits: [B, V]`` in the compute dtype (the sampler
-        reads them once in float32, so no float32 copy of the whole vocabulary is stored).  Fixed shapes, no host sync:
-        it can be captured in a CUDA graph."""
+        reads them once in float32, so no float32 copy of the whole vocabulary is stored), in
+        ``out`` when given.  Fixed shapes, no host sync: it can be captured in a CUDA graph."""
         h = self._body(d.input_ids, d.positions, d.slot_mapping,
                        lambda q, i: self._decode_attn(q, i, d.block_tables, d.context_lens))
-        return self._logits(h)
+        return self._logits(h, out)
