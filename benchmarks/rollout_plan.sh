@@ -34,6 +34,7 @@
 #   fair3     (~5 min)  0.5B random x1024: native per-run engine and warm engine (median of 3) beside warm generate;
 #                       captured decode steps at B=16 x 8k and 1024 x 512
 #   fair4     (~6 min)  fair3's random x1024 rows with the default allocator, then with expandable segments
+#   check     (~8 min)  7B random x1024 and the long tail on this tree; token budgets 8k/32k/64k; a run's profile
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -153,6 +154,20 @@ step_fair4() {  # fair3 twice: the default allocator, then expandable segments (
     --native-reps 3 --json "$P/fair4b.json" > "$P/fair4b.txt" 2>&1
   timeout -k 5 120 python3 "$RT" --step-profile --step-sizes 1024 --kernel-step-models qwen2.5-0.5b \
     > "$P/fair4_steps.txt" 2>&1
+}
+step_check() {  # the whole-run rows that issue 17's met items quote, on this tree: 7B random x1024 (combined
+  # floor), the long tail (native, median of 3); then the token budget per step on 0.5B x1024 (warm engine), and
+  # a device + host profile of one 0.5B x1024 run
+  timeout -k 30 240 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
+    --big-max-num-seqs 256 1024 --json "$P/check7b.json" > "$P/check7b.txt" 2>&1
+  timeout -k 10 120 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
+    --variants triton-graph --native-reps 3 --json "$P/check_lt.json" > "$P/check_lt.txt" 2>&1
+  local n
+  for n in 8192 32768 65536; do
+    timeout -k 10 90 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-setups "" \
+      --variants triton-graph-warm --native-reps 3 --max-num-batched-tokens $n > "$P/check_mbt$n.txt" 2>&1
+  done
+  timeout -k 10 150 python3 "$RT" --models qwen2.5-0.5b --profile > "$P/check_prof.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

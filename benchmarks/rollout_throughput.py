@@ -170,9 +170,12 @@ def per_row_lengths(lengths: np.ndarray, made: list):
         engine_module.Sequence = orig
 
 
+MAX_NUM_BATCHED_TOKENS = [16384]  # the engine's token budget per step (--max-num-batched-tokens)
+
+
 def native_engine(model, max_num_seqs: int, **kw) -> NativeRollout:
     return NativeRollout(model, [], 0, torch.device("cuda"), progress=False, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=16384, ignore_eos=True, seed=0, **kw)
+                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS[0], ignore_eos=True, seed=0, **kw)
 
 
 def run_native(model, wl: Workload, max_num_seqs: int, engine: NativeRollout | None = None,
@@ -553,6 +556,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--hf-models", nargs="*", default=["qwen2.5-0.5b"], choices=sorted(PRESETS),
                     help="models that also run the transformers setups")
     ap.add_argument("--max-num-seqs", type=_positive, nargs="+", default=[1024])
+    ap.add_argument("--max-num-batched-tokens", type=_positive, default=16384,
+                    help="the native engine's token budget per step (rollout.max_num_batched_tokens)")
     ap.add_argument("--variants", default="triton-graph,triton-graph-unfused,torch-graph,triton-eager",
                     help="native variants: ATTENTION-{graph,eager}[-unfused][-unpacked] (unfused: the layers' "
                          "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
@@ -726,6 +731,7 @@ def table(rows: list[Row]) -> None:
 
 def main() -> None:
     args = _args()
+    MAX_NUM_BATCHED_TOKENS[0] = args.max_num_batched_tokens
     bw = Bandwidths()
     if args.kernels:
         kernel_bench(bw, args.kernel_step_models)
