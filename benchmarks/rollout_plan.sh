@@ -34,7 +34,7 @@
 #   fair3     (~5 min)  0.5B random x1024: native per-run engine and warm engine (median of 3) beside warm generate;
 #                       captured decode steps at B=16 x 8k and 1024 x 512
 #   fair4     (~6 min)  fair3's random x1024 rows with the default allocator, then with expandable segments
-#   check     (~8 min)  7B random x1024 and the long tail on this tree; token budgets 8k/32k/64k; a run's profile
+#   check     (~8 min)  7B random x1024 and the long tail on this tree; token budgets 32k/64k; a run's profile
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -163,7 +163,7 @@ step_check() {  # the whole-run rows that issue 17's met items quote, on this tr
   timeout -k 10 120 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
     --variants triton-graph --native-reps 3 --json "$P/check_lt.json" > "$P/check_lt.txt" 2>&1
   local n
-  for n in 8192 32768 65536; do
+  for n in 32768 65536; do
     timeout -k 10 90 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-setups "" \
       --variants triton-graph-warm --native-reps 3 --max-num-batched-tokens $n > "$P/check_mbt$n.txt" 2>&1
   done
