@@ -35,6 +35,7 @@
 #                       captured decode steps at B=16 x 8k and 1024 x 512
 #   fair4     (~6 min)  fair3's random x1024 rows with the default allocator, then with expandable segments
 #   check     (~8 min)  7B random x1024 and the long tail on this tree; token budgets 32k/64k; a run's profile
+#   final     (~6 min)  at the 32k token budget: 0.5B x1024 native beside generate; 7B x1024 (median of 3)
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
@@ -168,6 +169,15 @@ step_check() {  # the whole-run rows that issue 17's met items quote, on this tr
       --variants triton-graph-warm --native-reps 3 --max-num-batched-tokens $n > "$P/check_mbt$n.txt" 2>&1
   done
   timeout -k 10 150 python3 "$RT" --models qwen2.5-0.5b --profile > "$P/check_prof.txt" 2>&1
+}
+step_final() {  # at the 32k token budget: 0.5B random x1024 native (new engine per run, warm engine; median of 3)
+  # beside warm generate at 1024, then 7B random x1024 at max_num_seqs 1024 and 256 (median of 3)
+  timeout -k 30 200 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
+    --hf-setups generate --variants triton-graph,triton-graph-warm --native-reps 3 --max-num-batched-tokens 32768 \
+    --json "$P/final.json" > "$P/final.txt" 2>&1
+  timeout -k 30 220 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
+    --big-max-num-seqs 1024 256 --native-reps 3 --max-num-batched-tokens 32768 --json "$P/final7b.json" \
+    > "$P/final7b.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
