@@ -48,8 +48,10 @@ def sample_with_log_probs(
     row wins the argmax, so it is caught there); it is returned, not checked, so the caller
     decides when to synchronise.  ``with_log_probs=False`` skips the log-sum-exp pass.
 
-    On CUDA without top-k/top-p the same draw runs as one Triton pass over the logits
-    (:func:`rlforge.rollout.native.triton_sampler.fused_sample`); other cases use torch ops.
+    On CUDA without top-k/top-p, :func:`rlforge.rollout.native.triton_sampler.fused_sample`
+    draws from the same distribution, ``softmax(logits / T)``, by the inverse CDF in two Triton
+    kernels (other random numbers, so its tokens differ from this path's for the same seed);
+    other cases use torch ops.
     """
     filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
     if logits.is_cuda and not filtered and _fused_available(logits.device):
