@@ -221,6 +221,36 @@ def _model_reward_on(c: Any) -> bool:
     return bool(c.reward_model.enable or c.reward_model.judge.enable)
 
 
+_DYNAMIC_MICRO = (
+    (f"{_ARR}.actor", "ppo_micro_batch_size", "use_dynamic_bsz"),
+    (f"{_ARR}.rollout", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz"),
+    (f"{_ARR}.ref", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz"),
+    ("critic", "ppo_micro_batch_size", "use_dynamic_bsz"),
+)
+"""(node, micro-batch key stem, its dynamic-batching switch): with the switch on, the node's
+``*_max_token_len_per_gpu`` token budget replaces the micro-batch size, as in verl."""
+
+
+def _unused_micro_sizes(c: Any) -> list[str]:
+    """``key=value`` of each micro-batch size that a token budget replaces (one warning line for all)."""
+    out = []
+    for node, stem, switch in _DYNAMIC_MICRO:
+        if not get_key(c, f"{node}.{switch}"):
+            continue
+        for key in (f"{node}.{stem}_per_gpu", f"{node}.{stem}"):
+            value = get_key(c, key)
+            if value is not None:
+                out.append(f"{key}={value}")
+    return out
+
+
+def _dynamic_micro_rows() -> list[LaterWork]:
+    return [LaterWork("use_dynamic_bsz micro-batch sizes", bool,
+                      "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
+                      "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
+                      _unused_micro_sizes)]
+
+
 def _reward_model_rows() -> list[LaterWork]:
     """Keys of ``reward_model`` that the reward model (a plain forward-only module per process,
     :mod:`rlforge.rewards.reward_model`) does not read: warned while a reward model or judge is on."""
@@ -316,6 +346,7 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
               lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
+    *_dynamic_micro_rows(),
     *_reward_model_rows(),
     LaterWork("custom_reward_function.reward_kwargs", lambda v: bool(v[0]) and not v[1],
               "{key} is passed to the function of custom_reward_function.path, which is not set "

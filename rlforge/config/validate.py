@@ -86,11 +86,11 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     n = cfg.actor_rollout_ref.rollout.n
     actor = cfg.actor_rollout_ref.actor
     _check_batching(f"{_ARR}.actor", cfg.data.train_batch_size, actor.ppo_mini_batch_size,
-                    actor.ppo_micro_batch_size, actor.ppo_micro_batch_size_per_gpu, n)
+                    actor.ppo_micro_batch_size, actor.ppo_micro_batch_size_per_gpu, n, actor.use_dynamic_bsz)
     if uses_critic(cfg):
         critic = cfg.critic
         _check_batching("critic", cfg.data.train_batch_size, critic.ppo_mini_batch_size,
-                        critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n)
+                        critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n, critic.use_dynamic_bsz)
     skips_old_log_prob(cfg)  # recompute_old_log_prob=False on a batch that is not on-policy
     world = run_world(cfg)  # the launcher's WORLD_SIZE, else trainer.nnodes x trainer.n_gpus_per_node
     if world.size > 1 and cfg.data.train_batch_size % world.size:
@@ -274,8 +274,11 @@ def _check_difficulty(value: Any) -> None:
                           "levels to mix (e.g. [1, 2])")
 
 
-def _check_batching(role: str, train_bs: int, mini: int, micro_global: int | None, micro: int | None, n: int) -> None:
-    """Mini batches count prompts; micro batches count sequences (prompts x ``rollout.n``)."""
+def _check_batching(role: str, train_bs: int, mini: int, micro_global: int | None, micro: int | None, n: int,
+                    dynamic: bool = False) -> None:
+    """Mini batches count prompts; micro batches count sequences (prompts x ``rollout.n``).
+    With ``dynamic`` (``use_dynamic_bsz``) the micro batch size is not used, so, as in verl, it
+    need not divide the mini batch (``config/later_work.py`` warns that it is ignored)."""
     if micro_global is not None and micro is not None:
         raise ConfigError(f"{role}.ppo_micro_batch_size and {role}.ppo_micro_batch_size_per_gpu are both set; "
                           f"set only {role}.ppo_micro_batch_size_per_gpu")
@@ -286,7 +289,7 @@ def _check_batching(role: str, train_bs: int, mini: int, micro_global: int | Non
         raise ConfigError(f"data.train_batch_size={train_bs} is not divisible by {role}.ppo_mini_batch_size={mini}; "
                           f"make data.train_batch_size a multiple of {role}.ppo_mini_batch_size")
     micro = micro if micro is not None else micro_global
-    if micro is not None and (mini * n) % micro:
+    if micro is not None and not dynamic and (mini * n) % micro:
         raise ConfigError(
             f"{role}.ppo_mini_batch_size * {_ARR}.rollout.n = {mini} * {n} = {mini * n} sequences is not divisible by "
             f"{role}.ppo_micro_batch_size_per_gpu={micro}; pick a micro batch size that divides {mini * n}"

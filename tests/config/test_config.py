@@ -272,3 +272,26 @@ def test_default_job_without_a_step_count_names_save_freq() -> None:
     with pytest.raises(ConfigError, match=r"'trainer.save_freq'.*set trainer.save_freq to a value"):
         load_config(["trainer.total_training_steps=null"], job="default")
     assert load_config(["trainer.total_training_steps=null", "trainer.save_freq=-1"], job="default").trainer.save_freq == -1
+
+
+def test_dynamic_bsz_ignores_micro_batch_sizes_with_a_warning() -> None:
+    """verl's own GRPO scripts set the micro batch sizes beside use_dynamic_bsz=True, where the token
+    budget replaces them: no divisibility error then (a micro of 3 does not divide 8 x 4 = 32), one
+    warning line naming every unused key with its value, and none (and the error) with it off."""
+    A = "actor_rollout_ref"
+    keys = [f"{A}.actor.ppo_micro_batch_size_per_gpu=3", f"{A}.rollout.log_prob_micro_batch_size_per_gpu=5",
+            f"{A}.ref.log_prob_micro_batch_size_per_gpu=7"]
+    warnings = validate_config(load_config([*keys, f"{A}.actor.use_dynamic_bsz=true"], job="default"))
+    hits = [w for w in warnings if "no effect with use_dynamic_bsz" in w]
+    assert len(hits) == 1 and all(k in hits[0] for k in keys), warnings
+    off = validate_config(load_config(keys[1:], job="default"))
+    assert not any("no effect with use_dynamic_bsz" in w for w in off)  # used without a token budget
+    with pytest.raises(ConfigError, match="is not divisible by"):
+        validate_config(load_config([keys[0]], job="default"))
+    from rlforge.trainer.build import token_budgets
+
+    cfg = load_config([*keys, f"{A}.actor.use_dynamic_bsz=true"], job="default")
+    budgets = token_budgets(cfg)  # what the engines split by when set (engine.base.micro_batches)
+    assert budgets["actor"] == cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert budgets["log_prob"] == cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu
+    assert budgets["ref"] == cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu
