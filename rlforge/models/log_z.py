@@ -31,7 +31,9 @@ class LogZHead(nn.Module):
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.net(pooled.float()).squeeze(-1)
+        # a new tensor, not a view of the [batch, 1] output: FSDP2 hooks its pre-backward on the
+        # root's outputs, and an in-place op on a returned view would drop that hook
+        return self.net(pooled.float()).squeeze(-1).clone()
 
 
 class PolicyWithLogZ(nn.Module):

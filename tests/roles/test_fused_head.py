@@ -212,3 +212,13 @@ def test_trainer_falls_back_where_the_head_is_not_readable(tiny_tokenizer):
     model.config.model_type = "gemma2"
     with pytest.warns(UserWarning, match="gemma2"):
         assert head_chunk_size(True, cfg, model, LocalEngine, key) == 0
+
+
+def test_log_z_is_not_a_view(tiny_tokenizer, batch):
+    """log Z is returned from the FSDP2 root's forward methods; as a view of the head's [batch, 1]
+    output, FSDP2 warned that an in-place op on it would drop its pre-backward hook."""
+    model = PolicyWithLogZ(_model(tiny_tokenizer), 16)
+    ids, am, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    for method in (model.forward_with_log_z, model.hidden_with_log_z):
+        log_z = method(ids, am, pos, batch["prompts"].shape[1])[1]
+        assert log_z.shape == (ids.shape[0],) and log_z._base is None, method.__name__
