@@ -46,6 +46,10 @@ from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dty
 
 
 def _strategy(mesh: DeviceMesh, reshard_after_forward: bool) -> ShardingStrategy:
+    """verl's choice for ``reshard_after_forward``; NO_SHARD on one rank, where FSDP1 switches to it
+    anyway (with a warning every time an engine is built)."""
+    if mesh.size() == 1:
+        return ShardingStrategy.NO_SHARD
     if mesh.ndim == 2:
         return ShardingStrategy.HYBRID_SHARD if reshard_after_forward else ShardingStrategy._HYBRID_SHARD_ZERO2
     return ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
