@@ -244,13 +244,6 @@ def _unused_micro_sizes(c: Any) -> list[str]:
     return out
 
 
-def _dynamic_micro_rows() -> list[LaterWork]:
-    return [LaterWork("use_dynamic_bsz micro-batch sizes", bool,
-                      "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
-                      "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
-                      _unused_micro_sizes)]
-
-
 def _reward_model_rows() -> list[LaterWork]:
     """Keys of ``reward_model`` that the reward model (a plain forward-only module per process,
     :mod:`rlforge.rewards.reward_model`) does not read: warned while a reward model or judge is on."""
@@ -346,7 +339,10 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
               lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
-    *_dynamic_micro_rows(),
+    LaterWork("use_dynamic_bsz micro-batch sizes", bool,
+              "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
+              "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
+              _unused_micro_sizes),
     *_reward_model_rows(),
     LaterWork("custom_reward_function.reward_kwargs", lambda v: bool(v[0]) and not v[1],
               "{key} is passed to the function of custom_reward_function.path, which is not set "

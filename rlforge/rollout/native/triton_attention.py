@@ -118,10 +118,14 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _device_sms(device: torch.device) -> int:
+    """Multiprocessors of CUDA ``device`` (the current device when it has no index)."""
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def auto_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
     """:func:`~rlforge.rollout.native.attention.choose_num_splits` with ``device``'s SM count."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return choose_num_splits(batch, kv_heads, max_context, _num_sms(index))
+    return choose_num_splits(batch, kv_heads, max_context, _device_sms(device))
 
 
 def paged_decode_attention(
@@ -147,10 +151,7 @@ def paged_decode_attention(
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if num_warps is None:
-        num_warps = 4
-        if q.is_cuda and num_splits == 1:
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-            num_warps = 2 if b * kvh >= 2 * _num_sms(index) else 4
+        num_warps = 2 if q.is_cuda and num_splits == 1 and b * kvh >= 2 * _device_sms(q.device) else 4
     q = q.contiguous()
     out = torch.empty_like(q)
     if num_splits > 1:
