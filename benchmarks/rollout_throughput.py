@@ -208,7 +208,8 @@ def phases(m: dict[str, float]) -> str:
     steps = max(m.get("rollout/decode_steps", 0.0), 1.0)
     return (f"wake {m['rollout/wake_s']:.2f}s, prefill steps {m['rollout/mixed_step_s']:.2f}s, decode "
             f"{m['rollout/decode_s']:.2f}s ({m['rollout/decode_s'] / steps * 1e3:.1f} ms/step, graph capture "
-            f"{m['rollout/graph_capture_s']:.2f}s), host {m['rollout/host_s']:.2f}s")
+            f"{m['rollout/graph_capture_s']:.2f}s; {m.get('rollout/overlapped_bursts', 0.0):.0f} of "
+            f"{m.get('rollout/decode_bursts', 0.0):.0f} bursts overlapped), host {m['rollout/host_s']:.2f}s")
 
 
 def attempt(row: Row, fn) -> Row:
@@ -563,7 +564,8 @@ def _args() -> argparse.Namespace:
                          "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
                          "separate Q/K/V and gate/up GEMMs; warm: one engine kept across runs, as in training "
                          "with rollout.free_cache_engine=false, after one unmeasured run, as the generate rows "
-                         "are warmed by a whole call)")
+                         "are warmed by a whole call; serial: overlapped bursts off, each burst read before the "
+                         "next is launched)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=_positive, nargs="+", default=[256, 1024])
     ap.add_argument("--skip-grpo", action="store_true", help="the same as leaving grpo out of --workloads")
@@ -587,10 +589,10 @@ def _args() -> argparse.Namespace:
         parts = v.split("-")
         flags = [x for x in parts[2:] if not _burst(x)]
         if (len(parts) < 2 or parts[0] not in ("triton", "torch") or parts[1] not in ("graph", "eager")
-                or not set(flags) <= {"unfused", "unpacked", "warm"} or len(set(parts[2:])) != len(parts[2:])
+                or not set(flags) <= {"unfused", "unpacked", "warm", "serial"} or len(set(parts[2:])) != len(parts[2:])
                 or len(parts[2:]) - len(flags) > 1):
-            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-warm][-burstN], "
-                     "ATTENTION triton or torch, N >= 1 decode steps between host reads (the engine's 16)")
+            ap.error(f"unknown variant {v!r}: expected ATTENTION-{{graph,eager}}[-unfused][-unpacked][-warm][-serial]"
+                     "[-burstN], ATTENTION triton or torch, N >= 1 decode steps between host reads (the engine's 64)")
     for key in ("hf_setups", "longtail_hf_setups"):
         names = [x for x in getattr(args, key).split(",") if x]
         parsed = []
@@ -642,7 +644,8 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
     def go():
         opts = dict(attention=attn, enforce_eager=mode == "eager", fused_kernels=False if "unfused" in rest else None,
                     pack_weights=False if "unpacked" in rest else None,
-                    **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}), **kw)
+                    **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}),
+                    **({"overlap_bursts": False} if "serial" in rest else {}), **kw)
         engine = None
         if "warm" in rest:  # one engine for every run, its cache and graphs kept: one unmeasured run first
             engine = native_engine(model, mns, free_cache_engine=False, **opts)

@@ -78,6 +78,35 @@ def test_cuda_graphs_give_the_eager_tokens(model):
     assert agree > 0.9, agree
 
 
+def test_overlapped_bursts_give_the_serial_tokens(model, monkeypatch):
+    """Under CUDA graphs, launching each burst before the previous one is read (its tokens copied
+    behind an event) gives the tokens of reading every burst first: rows with their own lengths
+    (the long-tail shape), more rows than ``max_num_seqs``, and bursts of 4 steps."""
+    import rlforge.rollout.native.engine as engine_module
+
+    batch = _prompts(37, model.config.vocab_size)
+    lengths = [5 + (7 * i) % 36 for i in range(37)]
+    orig = engine_module.Sequence
+    greedy = SamplingParams(do_sample=False, max_new_tokens=40)
+    runs = []
+    for overlap in (False, True):
+        made: list = []
+
+        def make(i, ids, n, made=made):
+            made.append(orig(i, ids, lengths[i]))
+            return made[-1]
+
+        monkeypatch.setattr(engine_module, "Sequence", make)
+        eng = NativeRollout(model, [], 0, CUDA, progress=False, max_num_seqs=32, max_decode_burst=4,
+                            cudagraph_capture_sizes=[1, 8, 16, 32], overlap_bursts=overlap)
+        eng.generate(batch, greedy)
+        runs.append(({q.seq_id: q.output_ids for q in made}, eng.metrics()["rollout/overlapped_bursts"]))
+    (serial, n0), (over, n1) = runs
+    assert n0 == 0 and n1 > 0
+    assert [len(over[i]) for i in range(37)] == lengths
+    assert over == serial
+
+
 def test_graphs_see_in_place_weight_updates(model):
     batch = _prompts(8, model.config.vocab_size)
     greedy = SamplingParams(do_sample=False, max_new_tokens=12)

@@ -22,6 +22,7 @@ from rlforge.rollout.native.attention import (
     decode_attention_torch,
     prefill_attention,
 )
+from rlforge.rollout.native.sequence import SequenceStatus
 
 CPU = torch.device("cpu")
 TEXTS = ["What is 2 + 3?", "Compute the sum of seven and eleven, then subtract four from it please.", "Hi"]
@@ -110,6 +111,96 @@ def test_decode_bursts_equal_single_steps(model, tiny_tokenizer, batch):
                            max_decode_burst=7).generate(batch, greedy)
     assert torch.equal(early1["responses"], early7["responses"])
     assert early7["response_mask"][0].sum() <= 4
+
+
+def _overlap_pair(model, tok, batch, params, eos=None, **kw):
+    """The same generation with overlapped bursts off and on (burst 3, so many bursts follow each other)."""
+    eos_ids = [tok.eos_token_id] if eos is None else [eos]
+    runs = []
+    for overlap in (False, True):
+        ro = NativeRollout(model, eos_ids, tok.pad_token_id, CPU, progress=False, max_decode_burst=3,
+                           overlap_bursts=overlap, **kw)
+        launch = ro._launch_burst
+
+        def checked(runner, out, *a, launch=launch, **k):
+            # a sequence the host knows has ended is never decoded again
+            assert all(q.status is SequenceStatus.RUNNING and q.block_table for q in out.seqs)
+            return launch(runner, out, *a, **k)
+
+        ro._launch_burst = checked
+        runs.append((ro.generate(batch, params), ro.metrics()["rollout/overlapped_bursts"]))
+    (serial, n_serial), (overlapped, n_overlapped) = runs
+    assert n_serial == 0 and n_overlapped > 0  # the second run did launch bursts ahead of its reads
+    return serial, overlapped
+
+
+def _record_sequences(monkeypatch) -> list:
+    """Every Sequence the engine makes from now on, in order."""
+    import rlforge.rollout.native.engine as engine_module
+
+    orig, made = engine_module.Sequence, []
+
+    def make(*a):
+        made.append(orig(*a))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "Sequence", make)
+    return made
+
+
+def test_overlapped_bursts_equal_serial_bursts(model, tiny_tokenizer, batch, monkeypatch):
+    """Launching a burst before reading the one before it changes no token: greedy, greedy with an
+    EOS that one row samples early (its response ends at that EOS, as a plain step-by-step run
+    says), seeded sampling without EOS (the same rows in every step, so the same random draws), and
+    more rows than ``max_num_seqs`` (a waiting row is admitted when the first ones end)."""
+    greedy = SamplingParams(do_sample=False, max_new_tokens=20)
+    serial, over = _overlap_pair(model, tiny_tokenizer, batch, greedy)
+    assert torch.equal(serial["responses"], over["responses"])
+    assert torch.equal(serial["response_mask"], over["response_mask"])
+    eos = serial["responses"][0, 4].item()
+    first = serial["responses"][0].tolist().index(eos)  # the row's first EOS (the token may recur)
+    step = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False,
+                         max_decode_burst=1, overlap_bursts=False).generate(batch, greedy)
+    made = _record_sequences(monkeypatch)
+    cut_serial, cut_over = _overlap_pair(model, tiny_tokenizer, batch, greedy, eos=eos)
+    assert torch.equal(cut_over["responses"], step["responses"])
+    assert torch.equal(cut_over["response_mask"], step["response_mask"])
+    assert torch.equal(cut_serial["responses"], step["responses"])
+    assert cut_over["response_mask"][0].sum() == first + 1
+    # the Sequences themselves end at the EOS: the overlapped burst's tokens after it were dropped
+    assert made[3].output_ids == made[0].output_ids == serial["responses"][0, : first + 1].tolist()
+    assert [len(q.output_ids) for q in made[3:]] == [len(q.output_ids) for q in made[:3]]
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=17)
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, sampled, ignore_eos=True, seed=3, calculate_log_probs=True)
+    assert torch.equal(a["responses"], b["responses"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], atol=0, rtol=0)
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, greedy, ignore_eos=True, max_num_seqs=2)
+    assert torch.equal(a["responses"], b["responses"])
+
+
+def test_overlapped_bursts_stop_each_row_at_its_own_length(model, tiny_tokenizer, batch, monkeypatch):
+    """Rows with different ``max_new_tokens`` (as the long-tail benchmark gives them): each row gets
+    exactly its length, and its tokens are the first tokens of the longest greedy run (greedy tokens
+    do not depend on when a row stops), with overlapped bursts on."""
+    import rlforge.rollout.native.engine as engine_module
+
+    lengths = [5, 11, 20]
+    orig, made = engine_module.Sequence, []
+
+    def make(i, ids, n):
+        made.append(orig(i, ids, lengths[i]))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "Sequence", make)
+    greedy = SamplingParams(do_sample=False, max_new_tokens=20)
+    _overlap_pair(model, tiny_tokenizer, batch, greedy, ignore_eos=True)
+    monkeypatch.setattr(engine_module, "Sequence", orig)
+    full = NativeRollout(model, [], tiny_tokenizer.pad_token_id, CPU, progress=False, ignore_eos=True,
+                         overlap_bursts=False).generate(batch, greedy)
+    serial, over = made[:3], made[3:]  # the Sequences of the serial run, then of the overlapped one
+    assert [len(s.output_ids) for s in over] == [len(s.output_ids) for s in serial] == lengths
+    for s, t in zip(over, serial, strict=True):
+        assert s.output_ids == t.output_ids == full["responses"][s.seq_id, : lengths[s.seq_id]].tolist()
 
 
 def test_rollout_log_probs_equal_trainer_log_probs(model, tiny_tokenizer, batch):

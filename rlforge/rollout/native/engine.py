@@ -7,6 +7,18 @@ decodes becomes a *burst*: up to ``max_decode_burst`` decode steps run back to b
 device (CUDA graphs on GPU), each feeding its sampled tokens to the next, and the host reads
 all their tokens at once.  Tokens sampled after a sequence's EOS inside a burst are dropped.
 
+Overlapped bursts (``overlap_bursts``, on by default): while burst ``i`` runs on the device, the
+host already launches burst ``i + 1`` for the same sequences, feeding it burst ``i``'s last
+tokens on the device, and only then waits for burst ``i``'s tokens (copied to pinned memory
+behind an event, so the wait does not include burst ``i + 1``).  The host's bookkeeping of a
+burst (reading its tokens, appending them, EOS and length checks, the next burst's block
+tables) therefore runs while the GPU works instead of between bursts.  Lengths are known to the
+host, so a sequence that reaches ``max_new_tokens`` in burst ``i`` is left out of burst ``i + 1``;
+a sequence that samples EOS in burst ``i`` still decodes through burst ``i + 1``, whose tokens for
+it are dropped (at most one extra burst per such sequence, the cost of not waiting).  A burst is
+not overlapped while a waiting sequence could be admitted after it (then the host reads first,
+so admission is not delayed).
+
 Memory (``free_cache_engine``): "wake" allocates the KV cache and captures the CUDA graphs
 before generation; "sleep" frees both afterwards so training gets the memory back.  With
 ``free_cache_engine=False`` they are kept between calls and rebuilt only when the cache must
@@ -21,6 +33,7 @@ the module's own tensor, read in place.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +58,20 @@ from rlforge.rollout.native.model_runner import (
 from rlforge.rollout.native.rollout_weights import RolloutWeights
 from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from rlforge.rollout.native.sequence import Sequence
+from rlforge.rollout.native.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class _Burst:
+    """A launched decode burst: ``k`` steps of ``out.seqs`` (one token fed each), its tokens
+    ``[B, k]`` long on the device, and the host copies (tokens, log-probs or None, finite flag)
+    that are valid once ``event`` (None on CPU: already copied) has completed."""
+
+    out: SchedulerOutput
+    k: int
+    toks: torch.Tensor
+    host: tuple[Any, ...]
+    event: Any
 
 
 @ROLLOUTS.register("native")
@@ -70,6 +96,8 @@ class NativeRollout(Rollout):
         ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
         max_decode_burst: decode steps run on the device between two host reads (64: measured
             against 16/32/128 on one H200, benchmarks/RESULTS.md of 2026-12-02).
+        overlap_bursts: launch the next decode burst before reading the current one (see the
+            module docstring); False = the host reads each burst before launching the next.
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
         fused_kernels: the decoder layers' elementwise work in fused Triton kernels
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
@@ -102,6 +130,7 @@ class NativeRollout(Rollout):
         calculate_log_probs: bool = False,
         ignore_eos: bool = False,
         max_decode_burst: int = 64,
+        overlap_bursts: bool = True,
         attention: str = "auto",
         fused_kernels: bool | None = None,
         pack_weights: bool | None = None,
@@ -131,6 +160,7 @@ class NativeRollout(Rollout):
         self.calculate_log_probs = calculate_log_probs
         self.ignore_eos = ignore_eos
         self.max_decode_burst = max_decode_burst
+        self.overlap_bursts = overlap_bursts
         self.attention = attention
         self.fused_kernels = fused_kernels
         self.pack_weights = self.device.type == "cuda" if pack_weights is None else bool(pack_weights)
@@ -267,33 +297,46 @@ class NativeRollout(Rollout):
                 sched.add(s)
             bar = progress_bar(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
                                disable=not self.progress)
-            steps = sampled = decode_steps = 0
+            steps = sampled = decode_steps = bursts = overlapped = 0
             mixed_s = decode_s = 0.0  # wall time of mixed (prefill) steps and of decode bursts
+            pend: _Burst | None = None  # a launched burst not read yet
             t1 = time.perf_counter()
             try:
                 while sched.has_unfinished:
-                    out = sched.schedule()
                     ts = time.perf_counter()
-                    if sched.is_pure_decode(out):
-                        k = sched.extend_for_burst(out, self.max_decode_burst)
-                        toks, lps = self._decode_burst(runner, out, k, params)
-                        decode_s += time.perf_counter() - ts  # ends with a host read: GPU time included
-                        decode_steps += k
-                    else:
-                        k = 1
-                        toks, lps = self._mixed_step(runner, out, params)
-                        mixed_s += time.perf_counter() - ts
-                    sched.update_burst(out, toks, lps)
+                    if pend is None:
+                        out = sched.schedule()
+                        if not sched.is_pure_decode(out):
+                            toks, lps = self._mixed_step(runner, out, params)
+                            mixed_s += time.perf_counter() - ts
+                            sched.update_burst(out, toks, lps)
+                            n = sum(len(t) for t in toks.values())
+                            bar.update(n)
+                            steps += 1
+                            sampled += n
+                            continue
+                        pend = self._launch_burst(runner, out, sched.extend_for_burst(out, self.max_decode_burst),
+                                                  params)
+                    nxt = self._overlap_next(sched, pend, runner, params) if self.overlap_bursts else None
+                    toks, lps = self._read_burst(pend)
+                    sched.update_burst(pend.out, toks, lps)
+                    decode_s += time.perf_counter() - ts  # ends with a host read: GPU time included
                     n = sum(len(t) for t in toks.values())
                     bar.update(n)
-                    steps += k
+                    steps += pend.k
+                    decode_steps += pend.k
                     sampled += n
+                    bursts += 1
+                    overlapped += nxt is not None
+                    pend = nxt  # a burst launched for sequences that all ended in `pend` is dropped unread
             finally:
                 bar.close()
             m["rollout/gen_s"] = _elapsed(t1, self.device)
             m["rollout/mixed_step_s"] = mixed_s
             m["rollout/decode_s"] = decode_s
             m["rollout/decode_steps"] = float(decode_steps)
+            m["rollout/decode_bursts"] = float(bursts)
+            m["rollout/overlapped_bursts"] = float(overlapped)
             m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # scheduling, bookkeeping
             m["rollout/graph_capture_s"] = (self._graphs.capture_s - capture0) if self._graphs is not None else 0.0
         t2 = time.perf_counter()
@@ -314,7 +357,7 @@ class NativeRollout(Rollout):
 
     def _mixed_step(
         self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams
-    ) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
+    ) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
         inp = prepare_inputs(out, self.block_size, self.device)
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
         if not inp.sample_rows:
@@ -322,19 +365,31 @@ class NativeRollout(Rollout):
         tok, lp, finite = sample_with_log_probs(logits, params, self.generator, self.calculate_log_probs)
         if not bool(finite):
             raise RLForgeError(NON_FINITE)
-        toks = tok.tolist()
-        lps = lp.tolist() if lp is not None else [0.0] * len(toks)
+        toks = tok.cpu().numpy().tolist()  # numpy's tolist: several times faster than a tensor's
+        lps = lp.cpu().numpy().tolist() if lp is not None else None
         return ({sid: [t] for sid, t in zip(inp.sample_seq_ids, toks, strict=True)},
-                {sid: [x] for sid, x in zip(inp.sample_seq_ids, lps, strict=True)})
+                None if lps is None else {sid: [x] for sid, x in zip(inp.sample_seq_ids, lps, strict=True)})
 
     def _decode_burst(
         self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams
-    ) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
+    ) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
         """``k`` decode steps of every sequence in ``out`` with one host read at the end."""
+        return self._read_burst(self._launch_burst(runner, out, k, params))
+
+    def _launch_burst(
+        self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams,
+        first_ids: torch.Tensor | None = None, ahead: int = 0,
+    ) -> _Burst:
+        """Enqueue ``k`` decode steps of the sequences in ``out`` (their slots reserved) and the
+        copy of their tokens to the host; returns without waiting.  ``ahead``: tokens each
+        sequence has sampled on the device that the host has not read yet (a launched burst's
+        ``k``); ``first_ids``: those sequences' last sampled tokens ``[B]`` on the device, fed as
+        step 1's input (None: each sequence's ``last_token``)."""
         seqs, b, bs = out.seqs, len(out.seqs), self.block_size
-        pos0 = np.array([s.num_tokens - 1 for s in seqs], dtype=np.int64)
+        pos0 = np.array([s.num_tokens - 1 + ahead for s in seqs], dtype=np.int64)
         host = DecodeInputs(
-            torch.tensor([s.last_token for s in seqs], dtype=torch.long),
+            torch.tensor([s.last_token for s in seqs], dtype=torch.long) if first_ids is None
+            else first_ids.clone(),  # a view of the previous burst's tokens, which step 2's input writes
             torch.from_numpy(pos0),
             torch.zeros(b, dtype=torch.long),
             block_table_tensor([s.block_table for s in seqs], torch.device("cpu")),
@@ -355,7 +410,7 @@ class NativeRollout(Rollout):
                 host.input_ids, host.positions, host.slot_mapping, host.block_tables, host.context_lens)))
             forward = lambda: runner.decode(d)  # noqa: E731
         toks = torch.empty((b, k), dtype=torch.long, device=self.device)
-        lps = torch.zeros((b, k), dtype=torch.float32, device=self.device)
+        lps = torch.zeros((b, k), dtype=torch.float32, device=self.device) if self.calculate_log_probs else None
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for j in range(k):
             if j > 0:
@@ -366,14 +421,59 @@ class NativeRollout(Rollout):
             d.slot_mapping.copy_(page * bs + d.positions % bs)
             tok, lp, ok = sample_with_log_probs(forward(), params, self.generator, self.calculate_log_probs)
             toks[:, j] = tok
-            if lp is not None:
+            if lps is not None and lp is not None:
                 lps[:, j] = lp
             finite &= ok
+        cuda = self.device.type == "cuda"  # non_blocking device-to-host copies land in pinned memory
+        copies = tuple(None if x is None else x.to("cpu", non_blocking=cuda, copy=True) for x in (toks, lps, finite))
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return _Burst(out, k, toks, copies, event)
+
+    def _read_burst(self, burst: _Burst) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
+        """Wait for ``burst``'s tokens (not for work queued after it); ``seq_id -> k tokens`` and,
+        with ``calculate_log_probs``, their log-probs.  Raises RLForgeError on non-finite logits."""
+        if burst.event is not None:
+            burst.event.synchronize()
+        toks, lps, finite = burst.host
         if not bool(finite):
             raise RLForgeError(NON_FINITE)
-        tl, ll = toks.tolist(), lps.tolist()
+        seqs = burst.out.seqs
+        tl = toks.numpy().tolist()  # numpy's tolist: several times faster than a tensor's
         return ({s.seq_id: t for s, t in zip(seqs, tl, strict=True)},
-                {s.seq_id: x for s, x in zip(seqs, ll, strict=True)})
+                None if lps is None else {s.seq_id: x for s, x in zip(seqs, lps.numpy().tolist(), strict=True)})
+
+    def _overlap_next(
+        self, sched: Scheduler, pend: _Burst, runner: ModelRunner, params: SamplingParams
+    ) -> _Burst | None:
+        """Launch the burst after ``pend`` before ``pend`` is read, or return None: when a waiting
+        sequence could be admitted after ``pend`` (room now, or a sequence may end in it), when
+        every sequence reaches its length in ``pend``, or when the free blocks cannot hold even
+        one more step.  The sequences that reach ``max_new_tokens`` in ``pend`` are left out; the
+        burst runs ``min(max_decode_burst, fewest tokens any of the rest may still sample)``
+        steps, fewer while the free blocks cannot hold them (as
+        :meth:`Scheduler.extend_for_burst`)."""
+        k0, seqs0 = pend.k, pend.out.seqs
+        rows = [i for i, s in enumerate(seqs0)  # an overlapped `pend` may hold sequences that ended before it
+                if s.status is SequenceStatus.RUNNING and s.max_new_tokens - len(s.output_ids) > k0]
+        if not rows:
+            return None
+        if sched.waiting and (sched.eos_ids or len(rows) < len(seqs0)
+                              or len(sched.running) < self.scheduler_config.max_num_seqs):
+            return None
+        seqs = [seqs0[i] for i in rows]
+        k = min([self.max_decode_burst] + [s.max_new_tokens - len(s.output_ids) - k0 for s in seqs])
+        bm = sched.block_manager
+        while k > 0 and sum(bm.blocks_for(s.num_tokens + k0 - 1 + k) - len(s.block_table) for s in seqs) > bm.num_free_blocks:
+            k -= 1
+        if k < 1:
+            return None
+        for s in seqs:
+            bm.append_slots(s, s.num_tokens + k0 - 1 + k)
+        last = pend.toks[:, -1] if len(rows) == len(seqs0) else pend.toks[torch.tensor(rows, device=self.device), -1]
+        return self._launch_burst(runner, SchedulerOutput(seqs, [1] * len(seqs)), k, params, first_ids=last, ahead=k0)
 
     def _assemble(self, prompts: Batch, seqs: list[Sequence]) -> Batch:
         width = max(len(s.output_ids) for s in seqs)
@@ -393,7 +493,8 @@ class NativeRollout(Rollout):
         ``max_num_seqs``, preemptions, peak fraction of KV blocks in use, blocks shared by prefix,
         and the seconds spent generating, waking (cache + graphs) and sleeping.  ``gen_s`` splits
         into ``mixed_step_s`` (steps with prefill), ``decode_s`` (pure-decode bursts, over
-        ``decode_steps`` steps) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
+        ``decode_steps`` steps in ``decode_bursts`` bursts, ``overlapped_bursts`` of them launched
+        before the one before was read) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
         this call's CUDA-graph capture time (graphs are captured on first use, inside ``decode_s``)."""
         return dict(self._last_metrics)
 

@@ -163,10 +163,13 @@ class Scheduler:
         """As :meth:`update` after ``k`` steps on the device: ``sampled[seq_id]`` holds the
         ``k`` tokens sampled in a row, each fed back as the next step's input, so the K/V of
         ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or length limit are
-        dropped (their K/V sit in blocks that are freed with the sequence)."""
+        dropped (their K/V sit in blocks that are freed with the sequence).  A sequence that is
+        already finished (it ended in the burst before an overlapped one) is skipped."""
         finished = []
         eos = self.eos_ids
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
+            if seq.status is SequenceStatus.FINISHED:  # ended (EOS) in the burst before this overlapped one
+                continue
             toks = sampled.get(seq.seq_id)
             if toks is None:  # a prefill chunk that did not reach the last token
                 seq.num_computed_tokens += n
