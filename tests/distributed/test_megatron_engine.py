@@ -99,6 +99,29 @@ def _close_on_tokens(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, atol:
     return a.shape == b.shape and torch.allclose(a[mask], b[mask], atol=atol)
 
 
+def _close_after_first_adam_step(got: dict, want: dict, grads: dict, grad_norm: float, lr: float = 1e-3,
+                                 eps: float = 1e-8) -> None:
+    """The weights after one AdamW step (``dc.actor_cfg``: lr 1e-3, eps 1e-8, clipping at norm 1).
+
+    The first step moves a weight by ``lr * g / (|g| + eps)`` (``g`` the clipped gradient).  Where
+    ``|g| > 1e3 * eps`` that is ``lr * sign(g)`` to within 0.1%, whatever the reduction order, so
+    both runs agree to 1e-6; where ``|g|`` is near ``eps`` another reduction order's 1e-7 relative
+    gradient differences can move the weight by up to one whole step either way, so the bound there
+    is ``2 * lr`` (a weight that is not updated, or updated the wrong way by more, still fails)."""
+    assert set(got) == set(want)
+    clip = max(grad_norm, 1.0)
+    for k, w in want.items():
+        diff = (got[k].float() - w.float()).abs()
+        g = grads.get(k)
+        if g is None:  # a tied weight's second name: no gradient of its own
+            assert diff.max() <= 5e-5, (k, diff.max())
+            continue
+        settled = g.abs() / clip > 1e3 * eps
+        assert diff[settled].max() <= 1e-6, (k, diff[settled].max())
+        if (~settled).any():
+            assert diff[~settled].max() <= 2 * lr, (k, diff[~settled].max())
+
+
 def _check(r: dict, ref: dict) -> None:
     assert _close_on_tokens(r["logp_before"], ref["logp_before"], ref["mask"], 1e-5)
     assert _close_on_tokens(r["entropy_before"], ref["entropy_before"], ref["mask"], 1e-5)
@@ -110,9 +133,7 @@ def _check(r: dict, ref: dict) -> None:
         assert torch.allclose(r["grads"][n], g, atol=1e-5, rtol=1e-5), n
     assert m["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
     assert m["grad_norm"] > 1.0  # clipping at 1.0 was active
-    # AdamW's first step is lr * g / (|g| + eps): elements whose gradient is ~0 amplify the 1e-7
-    # relative differences of another reduction order, so the updated weights get 5% of one step (lr=1e-3)
-    dc.close_states(r["state"]["model"], ref["state"]["model"], atol=5e-5)
+    _close_after_first_adam_step(r["state"]["model"], ref["state"]["model"], ref["grads"], m["grad_norm"])
     dc.close_optim(r["state"]["optimizer"], ref["state"]["optimizer"])
     assert r["state"]["scheduler"] == ref["state"]["scheduler"]
     assert _close_on_tokens(r["logp"], ref["logp"], ref["mask"], 1e-4)
