@@ -51,14 +51,36 @@ def _torch_path(logits: torch.Tensor, temperature: float, greedy: bool, gen, wit
     return tok, lp, torch.isfinite(picked).all()
 
 
+def sweep(batches: list[int], bw: float) -> None:
+    """The new sampler's launch settings: vocabulary tile (``block``) x warps of the per-tile kernel."""
+    print(f"device {torch.cuda.get_device_name()}, spec bandwidth {bw / 1e12:.2f} TB/s")
+    print("| B | block | warps | us (log-probs on) | frac of spec bw |\n|---|---|---|---|---|")
+    for b in batches:
+        logits = (torch.randn(b, VOCAB, device="cuda") * 3).to(torch.bfloat16)
+        ref_tok = logits.float().argmax(-1)
+        for block in (2048, 4096, 8192, 16384):
+            for warps in (2, 4, 8, 16):
+                tok, _, ok = fused_sample(logits, 1.0, True, None, True, block=block, num_warps=warps)
+                good = bool(ok) and torch.equal(tok, ref_tok)
+                t = cuda_time(lambda x=logits, bl=block, w=warps: fused_sample(x, 1.0, False, None, True, block=bl,
+                                                                               num_warps=w))
+                print(f"| {b} | {block} | {warps}{'' if good else ' (WRONG greedy pick)'} | {t * 1e6:.1f} | "
+                      f"{b * VOCAB * 2 / t / bw:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", default=None, help="a file holding an earlier triton_sampler.py")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 256, 1024])
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the new sampler's vocabulary tile x warps of its per-tile kernel (log-probs on), and exit")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("this benchmark needs a CUDA GPU (none is visible)")
     bw = spec_bandwidth(torch.cuda.get_device_name())
+    if args.sweep:
+        sweep(args.batch, bw)
+        return
     samplers = {"new (two kernels)": fused_sample}
     if args.old:
         samplers["old (--old)"] = _load(args.old)

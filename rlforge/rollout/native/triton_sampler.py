@@ -104,7 +104,7 @@ def _pick_kernel(
 
 def fused_sample(
     logits: torch.Tensor, temperature: float, greedy: bool, generator: torch.Generator | None,
-    with_log_probs: bool, block: int = 4096,
+    with_log_probs: bool, block: int = 4096, num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``logits: [B, V]`` -> ``(token ids [B] int64, log-probs [B] float32 under
     softmax(logits / T) in nats or None, finite [] bool)``; no host synchronisation.
@@ -112,7 +112,9 @@ def fused_sample(
     ``greedy`` takes the argmax (the first maximum) and scores it at temperature 1.
     ``generator`` (a generator on ``logits``' device, or None for the global one) draws the
     per-call Philox seed.  ``finite`` is False when a row holds a NaN or +inf or has no finite
-    logit.  Raises ValueError when ``block`` is not a power of two >= 16.
+    logit.  ``block`` (vocabulary tile) and ``num_warps`` (of the per-tile kernel) are launch
+    settings: they change the speed, and the draw only through which uniform picks which token.
+    Raises ValueError when ``block`` is not a power of two >= 16.
     """
     if block < 16 or block & (block - 1):
         raise ValueError(f"block must be a power of two >= 16, got {block}")
@@ -130,7 +132,7 @@ def fused_sample(
     bad = torch.empty(b, dtype=torch.int32, device=dev)
     seed = torch.randint(0, 2**31 - 1, (1,), device=dev, dtype=torch.int64, generator=generator).to(torch.int32)
     _tile_stats_kernel[(b, tiles)](logits, logits.stride(0), inv_temp, tmax, tsum, targ, tbad,
-                                   VOCAB=v, TILES=tiles, BLOCK=block, num_warps=4)
+                                   VOCAB=v, TILES=tiles, BLOCK=block, num_warps=num_warps)
     _pick_kernel[(b,)](logits, logits.stride(0), inv_temp, seed, tmax, tsum, targ, tbad, tok, logp, bad,
                        VOCAB=v, TILES=tiles, TILES_PAD=max(2, triton.next_power_of_2(tiles)), BLOCK=block,
                        GREEDY=greedy, WITH_LP=with_log_probs, num_warps=4)
