@@ -37,10 +37,10 @@
 #   check     (~8 min)  7B random x1024 and the long tail on this tree; token budgets 32k/64k; a run's profile
 #   final     (~6 min)  at the 32k token budget: 0.5B x1024 native beside generate; 7B x1024 (median of 3)
 #   big       (~2 min)  7B random x1024, native only (no transformers row: 0.5B is the baseline model)
-#   ovl       (~6 min)  overlapped bursts: 0.5B x1024 warm engine serial / overlapped, new engine overlapped (median
+#   ovl       (~6 min)  overlapped steps: 0.5B x1024 warm engine serial / overlapped, new engine overlapped (median
 #                       of 3) beside warm generate; the long tail serial / overlapped (median of 3)
 #   ssweep    (~1 min)  benchmarks/sampler_bench.py --sweep: the sampler's tile size x warps at B=256 and 1024
-#   ovl7b     (~4 min)  7B random x1024 at max_num_seqs 1024 and 256, median of 3, overlapped bursts on
+#   ovl7b     (~4 min)  7B random x1024 at max_num_seqs 1024 and 256, median of 3, overlapped steps on
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
 # a step stopped by its time limit prints the table of the rows it measured.
@@ -183,7 +183,7 @@ step_final() {  # at the 32k token budget: 0.5B random x1024 native (new engine 
     --big-max-num-seqs 1024 256 --native-reps 3 --max-num-batched-tokens 32768 --json "$P/final7b.json" \
     > "$P/final7b.txt" 2>&1
 }
-step_ovl() {  # overlapped bursts (2026-12-02, 15:xx): 0.5B random x1024 at the 32k budget, warm engine with
+step_ovl() {  # overlapped steps (2026-12-02, 15:xx): 0.5B random x1024 at the 32k budget, warm engine with
   # overlap off (serial) and on, a new engine per run with it on (median of 3 each), beside warm generate at 1024;
   # then the long tail, native serial and overlapped (median of 3)
   timeout -k 30 260 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
@@ -195,7 +195,7 @@ step_ovl() {  # overlapped bursts (2026-12-02, 15:xx): 0.5B random x1024 at the 
 step_ssweep() {  # the sampler's vocabulary tile x warps of its per-tile kernel at B=256 and 1024
   timeout -k 5 120 python3 benchmarks/sampler_bench.py --sweep --batch 256 1024 > "$P/ssweep.txt" 2>&1
 }
-step_ovl7b() {  # the 7B whole-run rows (median of 3) at max_num_seqs 1024 and 256, overlapped bursts on
+step_ovl7b() {  # the 7B whole-run rows (median of 3) at max_num_seqs 1024 and 256, overlapped steps on
   timeout -k 30 220 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
     --big-max-num-seqs 1024 256 --native-reps 3 --max-num-batched-tokens 32768 --json "$P/ovl7b.json" \
     > "$P/ovl7b.txt" 2>&1

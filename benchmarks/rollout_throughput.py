@@ -209,7 +209,8 @@ def phases(m: dict[str, float]) -> str:
     return (f"wake {m['rollout/wake_s']:.2f}s, prefill steps {m['rollout/mixed_step_s']:.2f}s, decode "
             f"{m['rollout/decode_s']:.2f}s ({m['rollout/decode_s'] / steps * 1e3:.1f} ms/step, graph capture "
             f"{m['rollout/graph_capture_s']:.2f}s; {m.get('rollout/overlapped_bursts', 0.0):.0f} of "
-            f"{m.get('rollout/decode_bursts', 0.0):.0f} bursts overlapped), host {m['rollout/host_s']:.2f}s")
+            f"{m.get('rollout/decode_bursts', 0.0):.0f} bursts and {m.get('rollout/overlapped_mixed_steps', 0.0):.0f} mixed "
+            f"steps overlapped), host {m['rollout/host_s']:.2f}s")
 
 
 def attempt(row: Row, fn) -> Row:
@@ -564,7 +565,7 @@ def _args() -> argparse.Namespace:
                          "elementwise work in eager torch ops instead of the fused Triton kernels; unpacked: "
                          "separate Q/K/V and gate/up GEMMs; warm: one engine kept across runs, as in training "
                          "with rollout.free_cache_engine=false, after one unmeasured run, as the generate rows "
-                         "are warmed by a whole call; serial: overlapped bursts off, each burst read before the "
+                         "are warmed by a whole call; serial: overlapped steps off, each step read before the "
                          "next is launched)")
     ap.add_argument("--big-variants", default="triton-graph", help="variants for models not in --hf-models")
     ap.add_argument("--big-max-num-seqs", type=_positive, nargs="+", default=[256, 1024])
@@ -645,7 +646,7 @@ def _native_row(model, name: str, wl: Workload, v: str, mns: int, cost: ModelCos
         opts = dict(attention=attn, enforce_eager=mode == "eager", fused_kernels=False if "unfused" in rest else None,
                     pack_weights=False if "unpacked" in rest else None,
                     **({"max_decode_burst": b} if (b := next(filter(None, map(_burst, rest)), None)) else {}),
-                    **({"overlap_bursts": False} if "serial" in rest else {}), **kw)
+                    **({"overlap_steps": False} if "serial" in rest else {}), **kw)
         engine = None
         if "warm" in rest:  # one engine for every run, its cache and graphs kept: one unmeasured run first
             engine = native_engine(model, mns, free_cache_engine=False, **opts)

@@ -98,7 +98,7 @@ def test_overlapped_bursts_give_the_serial_tokens(model, monkeypatch):
 
         monkeypatch.setattr(engine_module, "Sequence", make)
         eng = NativeRollout(model, [], 0, CUDA, progress=False, max_num_seqs=32, max_decode_burst=4,
-                            cudagraph_capture_sizes=[1, 8, 16, 32], overlap_bursts=overlap)
+                            cudagraph_capture_sizes=[1, 8, 16, 32], overlap_steps=overlap)
         eng.generate(batch, greedy)
         runs.append(({q.seq_id: q.output_ids for q in made}, eng.metrics()["rollout/overlapped_bursts"]))
     (serial, n0), (over, n1) = runs

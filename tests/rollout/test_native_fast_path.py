@@ -113,13 +113,14 @@ def test_decode_bursts_equal_single_steps(model, tiny_tokenizer, batch):
     assert early7["response_mask"][0].sum() <= 4
 
 
-def _overlap_pair(model, tok, batch, params, eos=None, **kw):
-    """The same generation with overlapped bursts off and on (burst 3, so many bursts follow each other)."""
+def _overlap_pair(model, tok, batch, params, eos=None, expect="rollout/overlapped_bursts", metrics=None, **kw):
+    """The same generation with overlapped steps off and on (burst 3, so many bursts follow each
+    other); the overlapped run must have overlapped some steps of the ``expect`` kind."""
     eos_ids = [tok.eos_token_id] if eos is None else [eos]
     runs = []
     for overlap in (False, True):
-        ro = NativeRollout(model, eos_ids, tok.pad_token_id, CPU, progress=False, max_decode_burst=3,
-                           overlap_bursts=overlap, **kw)
+        ro = NativeRollout(model, eos_ids, tok.pad_token_id, CPU, progress=False,
+                           **{"max_decode_burst": 3, **kw}, overlap_steps=overlap)
         launch = ro._launch_burst
 
         def checked(runner, out, *a, launch=launch, **k):
@@ -128,10 +129,47 @@ def _overlap_pair(model, tok, batch, params, eos=None, **kw):
             return launch(runner, out, *a, **k)
 
         ro._launch_burst = checked
-        runs.append((ro.generate(batch, params), ro.metrics()["rollout/overlapped_bursts"]))
-    (serial, n_serial), (overlapped, n_overlapped) = runs
-    assert n_serial == 0 and n_overlapped > 0  # the second run did launch bursts ahead of its reads
+        out = ro.generate(batch, params)
+        m = ro.metrics()
+        if metrics is not None:
+            metrics.append(m)
+        runs.append((out, m[expect], m["rollout/overlapped_bursts"] + m["rollout/overlapped_mixed_steps"]))
+    (serial, _, n_serial), (overlapped, n_expect, _) = runs
+    assert n_serial == 0 and n_expect > 0  # the second run did launch steps ahead of its reads
     return serial, overlapped
+
+
+def test_overlapped_mixed_steps_equal_serial_steps(model, tiny_tokenizer, batch, monkeypatch):
+    """Mixed steps (chunked prefill beside decodes, 8 tokens a step) launched before the step
+    before them is read, their decode rows fed its tokens on the device, give the serial tokens:
+    greedy; an EOS that a row samples as its very first token, in a mixed step (that row's
+    response is that one token); one new token each (every row ends at a mixed step, the last
+    one read after the loop); seeded sampling with log-probs; preemption in a cache of 12 blocks."""
+    greedy = SamplingParams(do_sample=False, max_new_tokens=12)
+    mixed = dict(max_num_batched_tokens=8, expect="rollout/overlapped_mixed_steps")
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, greedy, **mixed)
+    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
+    eos = a["responses"][0, 0].item()
+    made = _record_sequences(monkeypatch)
+    a2, b2 = _overlap_pair(model, tiny_tokenizer, batch, greedy, eos=eos, **mixed)
+    assert torch.equal(a2["responses"], b2["responses"]) and torch.equal(a2["response_mask"], b2["response_mask"])
+    assert made[3].output_ids == made[0].output_ids == [eos]  # ended at its first token, later ones dropped
+    for i in (1, 2):  # the other rows: the greedy tokens up to their own first EOS, as without it
+        row = a["responses"][i].tolist()
+        want = row[: row.index(eos) + 1] if eos in row else row
+        assert made[3 + i].output_ids == made[i].output_ids == want
+    one = SamplingParams(do_sample=False, max_new_tokens=1)
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, one, **mixed)
+    assert torch.equal(a["responses"], b["responses"]) and a["responses"].shape[1] == 1
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=9)
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, sampled, ignore_eos=True, seed=5, calculate_log_probs=True,
+                         **mixed)
+    assert torch.equal(a["responses"], b["responses"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], atol=0, rtol=0)
+    ms: list = []
+    a, b = _overlap_pair(model, tiny_tokenizer, batch, greedy, block_size=4, num_blocks=12, metrics=ms, **mixed)
+    assert torch.equal(a["responses"], b["responses"])
+    assert ms[1]["rollout/num_preemptions"] > 0
 
 
 def _record_sequences(monkeypatch) -> list:
@@ -160,7 +198,7 @@ def test_overlapped_bursts_equal_serial_bursts(model, tiny_tokenizer, batch, mon
     eos = serial["responses"][0, 4].item()
     first = serial["responses"][0].tolist().index(eos)  # the row's first EOS (the token may recur)
     step = NativeRollout(model, [eos], tiny_tokenizer.pad_token_id, CPU, progress=False,
-                         max_decode_burst=1, overlap_bursts=False).generate(batch, greedy)
+                         max_decode_burst=1, overlap_steps=False).generate(batch, greedy)
     made = _record_sequences(monkeypatch)
     cut_serial, cut_over = _overlap_pair(model, tiny_tokenizer, batch, greedy, eos=eos)
     assert torch.equal(cut_over["responses"], step["responses"])
@@ -196,7 +234,7 @@ def test_overlapped_bursts_stop_each_row_at_its_own_length(model, tiny_tokenizer
     _overlap_pair(model, tiny_tokenizer, batch, greedy, ignore_eos=True)
     monkeypatch.setattr(engine_module, "Sequence", orig)
     full = NativeRollout(model, [], tiny_tokenizer.pad_token_id, CPU, progress=False, ignore_eos=True,
-                         overlap_bursts=False).generate(batch, greedy)
+                         overlap_steps=False).generate(batch, greedy)
     serial, over = made[:3], made[3:]  # the Sequences of the serial run, then of the overlapped one
     assert [len(s.output_ids) for s in over] == [len(s.output_ids) for s in serial] == lengths
     for s, t in zip(over, serial, strict=True):

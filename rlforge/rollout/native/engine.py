@@ -7,17 +7,19 @@ decodes becomes a *burst*: up to ``max_decode_burst`` decode steps run back to b
 device (CUDA graphs on GPU), each feeding its sampled tokens to the next, and the host reads
 all their tokens at once.  Tokens sampled after a sequence's EOS inside a burst are dropped.
 
-Overlapped bursts (``overlap_bursts``, on by default): while burst ``i`` runs on the device, the
-host already launches burst ``i + 1`` for the same sequences, feeding it burst ``i``'s last
-tokens on the device, and only then waits for burst ``i``'s tokens (copied to pinned memory
-behind an event, so the wait does not include burst ``i + 1``).  The host's bookkeeping of a
-burst (reading its tokens, appending them, EOS and length checks, the next burst's block
-tables) therefore runs while the GPU works instead of between bursts.  Lengths are known to the
-host, so a sequence that reaches ``max_new_tokens`` in burst ``i`` is left out of burst ``i + 1``;
-a sequence that samples EOS in burst ``i`` still decodes through burst ``i + 1``, whose tokens for
-it are dropped (at most one extra burst per such sequence, the cost of not waiting).  A burst is
-not overlapped while a waiting sequence could be admitted after it (then the host reads first,
-so admission is not delayed).
+Overlapped steps (``overlap_steps``, on by default): the host launches each step before it
+reads the one before, so its bookkeeping (reading tokens, EOS and length checks, scheduling,
+the next step's inputs and block tables) runs while the GPU works instead of between steps.
+Sampled tokens are copied to pinned memory behind an event, so a read waits for its own step
+only.  After a mixed step the host holds a placeholder (:data:`~.scheduler.PLACEHOLDER`) for each
+sampled token (:meth:`~.scheduler.Scheduler.provisional_update`), schedules and launches the next
+step, whose decode rows are fed those tokens on the device, and then writes the real tokens
+in (:meth:`~.scheduler.Scheduler.confirm`).  A decode burst is followed by the next burst of the
+same sequences, fed its last tokens on the device.  Lengths are known to the host, so a sequence
+that reaches ``max_new_tokens`` is never decoded again; a sequence that samples EOS decodes
+through the one step launched after it, whose tokens for it are dropped (at most one extra step
+or burst per such sequence, the cost of not waiting).  A burst is not overlapped while a waiting
+sequence could be admitted after it (then the host reads first, so admission is not delayed).
 
 Memory (``free_cache_engine``): "wake" allocates the KV cache and captures the CUDA graphs
 before generation; "sleep" frees both afterwards so training gets the memory back.  With
@@ -33,7 +35,7 @@ the module's own tensor, read in place.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,7 +59,7 @@ from rlforge.rollout.native.model_runner import (
 )
 from rlforge.rollout.native.rollout_weights import RolloutWeights
 from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
-from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from rlforge.rollout.native.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig, SchedulerOutput
 from rlforge.rollout.native.sequence import Sequence, SequenceStatus
 
 
@@ -72,6 +74,20 @@ class _Burst:
     toks: torch.Tensor
     host: tuple[Any, ...]
     event: Any
+
+
+@dataclass
+class _Mixed:
+    """A launched mixed step: the seq ids of its sampled rows, their row in ``tok`` (``[S]`` long
+    on the device, None when nothing is sampled), the host copies (tokens, log-probs or None,
+    finite flag) valid once ``event`` has completed, and the placeholders it left on the host."""
+
+    sample_seq_ids: list[int]
+    row: dict[int, int]
+    tok: torch.Tensor | None
+    host: tuple[Any, ...]
+    event: Any
+    records: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
 @ROLLOUTS.register("native")
@@ -96,8 +112,8 @@ class NativeRollout(Rollout):
         ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
         max_decode_burst: decode steps run on the device between two host reads (64: measured
             against 16/32/128 on one H200, benchmarks/RESULTS.md of 2026-12-02).
-        overlap_bursts: launch the next decode burst before reading the current one (see the
-            module docstring); False = the host reads each burst before launching the next.
+        overlap_steps: launch each step before reading the one before (see the module
+            docstring); False = the host reads every step before it launches the next.
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.
         fused_kernels: the decoder layers' elementwise work in fused Triton kernels
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
@@ -130,7 +146,7 @@ class NativeRollout(Rollout):
         calculate_log_probs: bool = False,
         ignore_eos: bool = False,
         max_decode_burst: int = 64,
-        overlap_bursts: bool = True,
+        overlap_steps: bool = True,
         attention: str = "auto",
         fused_kernels: bool | None = None,
         pack_weights: bool | None = None,
@@ -160,7 +176,7 @@ class NativeRollout(Rollout):
         self.calculate_log_probs = calculate_log_probs
         self.ignore_eos = ignore_eos
         self.max_decode_burst = max_decode_burst
-        self.overlap_bursts = overlap_bursts
+        self.overlap_steps = overlap_steps
         self.attention = attention
         self.fused_kernels = fused_kernels
         self.pack_weights = self.device.type == "cuda" if pack_weights is None else bool(pack_weights)
@@ -297,27 +313,48 @@ class NativeRollout(Rollout):
                 sched.add(s)
             bar = progress_bar(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
                                disable=not self.progress)
-            steps = sampled = decode_steps = bursts = overlapped = 0
+            steps = sampled = decode_steps = bursts = overlapped = overlapped_mixed = 0
             mixed_s = decode_s = 0.0  # wall time of mixed (prefill) steps and of decode bursts
             pend: _Burst | None = None  # a launched burst not read yet
+            pmix: _Mixed | None = None  # a launched mixed step whose tokens are placeholders on the host
             t1 = time.perf_counter()
+
+            def confirm(mx: _Mixed) -> None:
+                nonlocal sampled
+                toks, lps = self._read_mixed(mx)
+                sched.confirm(mx.records, toks, lps)
+                bar.update(len(toks))
+                sampled += len(toks)
+
             try:
                 while sched.has_unfinished:
                     ts = time.perf_counter()
                     if pend is None:
                         out = sched.schedule()
                         if not sched.is_pure_decode(out):
-                            toks, lps = self._mixed_step(runner, out, params)
-                            mixed_s += time.perf_counter() - ts
-                            sched.update_burst(out, toks, lps)
-                            n = sum(len(t) for t in toks.values())
-                            bar.update(n)
                             steps += 1
-                            sampled += n
+                            if not self.overlap_steps:
+                                toks, lps = self._mixed_step(runner, out, params)
+                                sched.update_burst(out, toks, lps)
+                                n = sum(len(t) for t in toks.values())
+                                bar.update(n)
+                                sampled += n
+                            else:  # launch, schedule the next step on placeholders, then read this one's tokens
+                                mx = self._launch_mixed(runner, out, params, pmix)
+                                mx.records = sched.provisional_update(out, mx.sample_seq_ids, self.calculate_log_probs)
+                                if pmix is not None:
+                                    confirm(pmix)
+                                    overlapped_mixed += 1
+                                pmix = mx
+                            mixed_s += time.perf_counter() - ts
                             continue
-                        pend = self._launch_burst(runner, out, sched.extend_for_burst(out, self.max_decode_burst),
-                                                  params)
-                    nxt = self._overlap_next(sched, pend, runner, params) if self.overlap_bursts else None
+                        k = sched.extend_for_burst(out, self.max_decode_burst)
+                        pend = self._launch_burst(runner, out, k, params, first_ids=self._last_ids(out.seqs, pmix))
+                        if pmix is not None:
+                            confirm(pmix)
+                            overlapped_mixed += 1
+                            pmix = None
+                    nxt = self._overlap_next(sched, pend, runner, params) if self.overlap_steps else None
                     toks, lps = self._read_burst(pend)
                     sched.update_burst(pend.out, toks, lps)
                     decode_s += time.perf_counter() - ts  # ends with a host read: GPU time included
@@ -329,6 +366,8 @@ class NativeRollout(Rollout):
                     bursts += 1
                     overlapped += nxt is not None
                     pend = nxt  # a burst launched for sequences that all ended in `pend` is dropped unread
+                if pmix is not None:  # every sequence reached its length in the last mixed step
+                    confirm(pmix)
             finally:
                 bar.close()
             m["rollout/gen_s"] = _elapsed(t1, self.device)
@@ -337,6 +376,7 @@ class NativeRollout(Rollout):
             m["rollout/decode_steps"] = float(decode_steps)
             m["rollout/decode_bursts"] = float(bursts)
             m["rollout/overlapped_bursts"] = float(overlapped)
+            m["rollout/overlapped_mixed_steps"] = float(overlapped_mixed)
             m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # scheduling, bookkeeping
             m["rollout/graph_capture_s"] = (self._graphs.capture_s - capture0) if self._graphs is not None else 0.0
         t2 = time.perf_counter()
@@ -358,17 +398,69 @@ class NativeRollout(Rollout):
     def _mixed_step(
         self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams
     ) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
+        """One mixed step, read back: ``seq_id -> [token]`` of its sampled rows (and log-probs)."""
+        mx = self._launch_mixed(runner, out, params)
+        toks, lps = self._read_mixed(mx)
+        return ({sid: [t] for sid, t in zip(mx.sample_seq_ids, toks, strict=True)},
+                None if lps is None else {sid: [x] for sid, x in zip(mx.sample_seq_ids, lps, strict=True)})
+
+    def _launch_mixed(
+        self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams, prev: _Mixed | None = None
+    ) -> _Mixed:
+        """Enqueue the mixed step ``out`` (prefill chunks and decodes) and the copy of its sampled
+        tokens to the host; returns without waiting.  Decode rows whose last token is still a
+        placeholder of ``prev`` (launched, not read) are fed that token on the device."""
         inp = prepare_inputs(out, self.block_size, self.device)
+        if prev is not None:
+            dst, src = [], []
+            for q0, seq, n in zip(inp.query_start, out.seqs, out.num_new_tokens, strict=True):
+                if seq.output_ids and seq.output_ids[-1] == PLACEHOLDER:
+                    if n != 1:  # only a decode row feeds its newest token
+                        raise RLForgeError(f"internal: sequence {seq.seq_id} prefills a token not read yet")
+                    dst.append(q0)
+                    src.append(prev.row[seq.seq_id])
+            if dst:
+                inp.input_ids[torch.tensor(dst, device=self.device)] = prev.tok[torch.tensor(src, device=self.device)]
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
-        if not inp.sample_rows:
-            return {}, {}
+        sids = list(inp.sample_seq_ids)
+        if not sids:
+            return _Mixed(sids, {}, None, (None, None, None), None)
         tok, lp, finite = sample_with_log_probs(logits, params, self.generator, self.calculate_log_probs)
+        return _Mixed(sids, {sid: i for i, sid in enumerate(sids)}, tok, *self._to_host(tok, lp, finite))
+
+    def _read_mixed(self, mx: _Mixed) -> tuple[list[int], list[float] | None]:
+        """Wait for ``mx``'s tokens: one per sampled row, in ``mx.sample_seq_ids`` order (and log-probs).
+        Raises RLForgeError on non-finite logits."""
+        if not mx.sample_seq_ids:
+            return [], None if not self.calculate_log_probs else []
+        if mx.event is not None:
+            mx.event.synchronize()
+        toks, lps, finite = mx.host
         if not bool(finite):
             raise RLForgeError(NON_FINITE)
-        toks = tok.cpu().numpy().tolist()  # numpy's tolist: several times faster than a tensor's
-        lps = lp.cpu().numpy().tolist() if lp is not None else None
-        return ({sid: [t] for sid, t in zip(inp.sample_seq_ids, toks, strict=True)},
-                None if lps is None else {sid: [x] for sid, x in zip(inp.sample_seq_ids, lps, strict=True)})
+        return toks.numpy().tolist(), None if lps is None else lps.numpy().tolist()
+
+    def _to_host(self, *xs: torch.Tensor | None) -> tuple[tuple[Any, ...], Any]:
+        """Copies of ``xs`` on the host (pinned, not waited for on CUDA) and the event that marks them done."""
+        cuda = self.device.type == "cuda"  # non_blocking device-to-host copies land in pinned memory
+        copies = tuple(None if x is None else x.to("cpu", non_blocking=cuda, copy=True) for x in xs)
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return copies, event
+
+    def _last_ids(self, seqs: list[Sequence], prev: _Mixed | None) -> torch.Tensor | None:
+        """``[B]`` long on the device: each sequence's last token, taken from ``prev``'s sampled
+        tokens where the host holds a placeholder; None when no placeholder is pending."""
+        if prev is None:
+            return None
+        ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long).to(self.device, non_blocking=True)
+        rows = [i for i, s in enumerate(seqs) if s.output_ids and s.output_ids[-1] == PLACEHOLDER]
+        if rows:
+            ids[torch.tensor(rows, device=self.device)] = prev.tok[
+                torch.tensor([prev.row[seqs[i].seq_id] for i in rows], device=self.device)]
+        return ids
 
     def _decode_burst(
         self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams
@@ -424,13 +516,7 @@ class NativeRollout(Rollout):
             if lps is not None and lp is not None:
                 lps[:, j] = lp
             finite &= ok
-        cuda = self.device.type == "cuda"  # non_blocking device-to-host copies land in pinned memory
-        copies = tuple(None if x is None else x.to("cpu", non_blocking=cuda, copy=True) for x in (toks, lps, finite))
-        event = None
-        if cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return _Burst(out, k, toks, copies, event)
+        return _Burst(out, k, toks, *self._to_host(toks, lps, finite))
 
     def _read_burst(self, burst: _Burst) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
         """Wait for ``burst``'s tokens (not for work queued after it); ``seq_id -> k tokens`` and,
@@ -494,7 +580,8 @@ class NativeRollout(Rollout):
         and the seconds spent generating, waking (cache + graphs) and sleeping.  ``gen_s`` splits
         into ``mixed_step_s`` (steps with prefill), ``decode_s`` (pure-decode bursts, over
         ``decode_steps`` steps in ``decode_bursts`` bursts, ``overlapped_bursts`` of them launched
-        before the one before was read) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
+        before the one before was read; ``overlapped_mixed_steps``: steps launched before a mixed
+        step before them was read) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
         this call's CUDA-graph capture time (graphs are captured on first use, inside ``decode_s``)."""
         return dict(self._last_metrics)
 

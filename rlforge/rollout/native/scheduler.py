@@ -20,6 +20,9 @@ from rlforge.errors import RLForgeError
 from rlforge.rollout.native.block_manager import BlockManager
 from rlforge.rollout.native.sequence import Sequence, SequenceStatus
 
+PLACEHOLDER = -1
+"""The token id :meth:`Scheduler.provisional_update` gives a sequence until its token is read."""
+
 
 @dataclass
 class SchedulerConfig:
@@ -191,3 +194,55 @@ class Scheduler:
         if finished:  # one pass, in order (running[-1] is the preemption victim)
             self.running = [s for s in self.running if s.status is not SequenceStatus.FINISHED]
         return finished
+
+    def provisional_update(self, out: SchedulerOutput, sampled_ids: list[int],
+                           with_log_probs: bool = False) -> list[tuple[Sequence, int]]:
+        """As :meth:`update` for a step whose sampled tokens are still on the device: each
+        sequence of ``sampled_ids`` gets :data:`PLACEHOLDER` as its next token (and a 0.0
+        log-prob with ``with_log_probs``), so the next step can be scheduled now; the ones that
+        reach ``max_new_tokens`` finish.  Returns ``(sequence, index in output_ids)`` of each
+        placeholder, in ``sampled_ids`` order, for :meth:`confirm`."""
+        sampled = set(sampled_ids)
+        by_id: dict[int, tuple[Sequence, int]] = {}
+        finished = False
+        for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            if seq.seq_id not in sampled:  # a prefill chunk that did not reach the last token
+                self.block_manager.mark_computed(seq)
+                continue
+            seq.output_ids.append(PLACEHOLDER)
+            if with_log_probs:
+                seq.output_log_probs.append(0.0)
+            by_id[seq.seq_id] = (seq, len(seq.output_ids) - 1)
+            if len(seq.output_ids) >= seq.max_new_tokens:
+                seq.status = SequenceStatus.FINISHED
+                self.block_manager.free_seq(seq)
+                finished = True
+            else:
+                self.block_manager.mark_computed(seq)
+        if finished:
+            self.running = [s for s in self.running if s.status is not SequenceStatus.FINISHED]
+        return [by_id[sid] for sid in sampled_ids]
+
+    def confirm(self, records: list[tuple[Sequence, int]], tokens: list[int],
+                log_probs: list[float] | None = None) -> None:
+        """Write the tokens read back for :meth:`provisional_update`'s placeholders.  A sequence
+        whose token is an EOS ends there: what it was given after it (the placeholders and burst
+        tokens of steps launched since) is dropped, and it finishes.  A record whose placeholder
+        was already dropped (an earlier EOS) is skipped."""
+        eos, finished = self.eos_ids, False
+        for (seq, i), tok, lp in zip(records, tokens, log_probs if log_probs is not None else tokens, strict=True):
+            if i >= len(seq.output_ids) or seq.output_ids[i] != PLACEHOLDER:
+                continue
+            seq.output_ids[i] = tok
+            if log_probs is not None:
+                seq.output_log_probs[i] = lp
+            if tok in eos:
+                del seq.output_ids[i + 1:]
+                del seq.output_log_probs[i + 1:]
+                if seq.status is not SequenceStatus.FINISHED:
+                    seq.status = SequenceStatus.FINISHED
+                    self.block_manager.free_seq(seq)
+                    finished = True
+        if finished:
+            self.running = [s for s in self.running if s.status is not SequenceStatus.FINISHED]
