@@ -229,9 +229,10 @@ def attempt(row: Row, fn) -> Row:
     return row
 
 
-def profile(model, wl: Workload, max_num_seqs: int) -> None:
-    """Host (cProfile, top functions by cumulative time) and device (torch.profiler, top
-    kernels) views of one native generate, to see where the time goes."""
+def profile(model, wl: Workload, max_num_seqs: int, warm: bool = False) -> None:
+    """Host (cProfile, top functions by own time) and device (torch.profiler, top kernels,
+    longest GPU idle gaps) views of one native generate, to see where the time goes; ``warm``:
+    on one engine kept across the runs (``free_cache_engine=False``), as the ``-warm`` rows."""
     import cProfile
     import pstats
 
@@ -240,19 +241,21 @@ def profile(model, wl: Workload, max_num_seqs: int) -> None:
 
     from rlforge.perf.torch_trace import render_markdown, summarize
 
-    run_native(model, wl, max_num_seqs)  # warm-up
+    eng = native_engine(model, max_num_seqs, free_cache_engine=False) if warm else None
+    run_native(model, wl, max_num_seqs, eng)  # warm-up
     with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_native(model, wl, max_num_seqs)
+        run_native(model, wl, max_num_seqs, eng)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
     trace = "rollout_profile_trace.json"
     prof.export_chrome_trace(trace)
     print(render_markdown(summarize(trace, num_gaps=5, top_kernels=25, min_gap_ms=1.0)), flush=True)
     pr = cProfile.Profile()
     pr.enable()
-    tokens, sec, m = run_native(model, wl, max_num_seqs)
+    tokens, sec, m = run_native(model, wl, max_num_seqs, eng)
     pr.disable()
     print(f"profiled native: {tokens} tokens in {sec:.2f} s ({tokens / sec:,.0f} tok/s) {m}")
-    pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(25)
 
 
 def cuda_time(fn, iters: int = 20, repeats: int = 5) -> float:
@@ -581,6 +584,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
+    ap.add_argument("--profile-warm", action="store_true", help="with --profile: on a warm engine (as the -warm rows)")
     ap.add_argument("--kernels", action="store_true",
                     help="time the decode attention kernels, whole decode steps at 8k context and sampling, and exit")
     ap.add_argument("--kernel-step-models", nargs="*", default=["qwen2.5-0.5b", "qwen2.5-7b"], choices=sorted(PRESETS),
@@ -753,7 +757,7 @@ def main() -> None:
         model = build(args.models[0])
         wl = Workload("random", prompts(args.prompts, model.config.vocab_size, seed=0),
                       np.full(args.prompts, args.new_tokens))
-        profile(model, wl, args.max_num_seqs[0])
+        profile(model, wl, args.max_num_seqs[0], warm=args.profile_warm)
         return
     print(bw.line(), flush=True)
     import transformers

@@ -27,6 +27,15 @@ class Block:
     computed: bool = False
 
 
+class _Blocks(dict):
+    """``block_id -> Block``, each made on first use (a 50k-block cache need not build 50k objects
+    before its first step)."""
+
+    def __missing__(self, block_id: int) -> Block:
+        b = self[block_id] = Block(block_id)
+        return b
+
+
 @dataclass
 class BlockManagerStats:
     """Counters since construction: ``blocks_allocated`` counts fresh blocks taken from the
@@ -42,13 +51,13 @@ class BlockManager:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True
-    blocks: list[Block] = field(init=False)
+    blocks: dict[int, Block] = field(init=False)
     free: OrderedDict[int, None] = field(init=False)  # insertion-ordered set: LRU-ish reuse
     hash_to_block: dict[int, int] = field(init=False)
     stats: BlockManagerStats = field(init=False)
 
     def __post_init__(self) -> None:
-        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.blocks = _Blocks()
         # OrderedDict, not dict: taking the oldest entry of a plain dict scans past every entry
         # deleted before it (O(blocks taken) per take), an OrderedDict pops it in O(1)
         self.free = OrderedDict.fromkeys(range(self.num_blocks))
