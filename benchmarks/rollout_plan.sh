@@ -40,6 +40,7 @@
 #   ovl       (~6 min)  overlapped steps: 0.5B x1024 warm engine serial / overlapped, new engine overlapped (median
 #                       of 3) beside warm generate; the long tail serial / overlapped (median of 3)
 #   ovl2      (~4 min)  the warm x1024 rows again (serial, overlapped) beside warm generate; profiles of a warm run
+#   ovl3      (~3 min)  ovl2's x1024 rows only
 #   ssweep    (~1 min)  benchmarks/sampler_bench.py --sweep: the sampler's tile size x warps at B=256 and 1024
 #   ovl7b     (~4 min)  7B random x1024 at max_num_seqs 1024 and 256, median of 3, overlapped steps on
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
@@ -200,6 +201,11 @@ step_ovl2() {  # after the host trims (prompt and response copies, lazy KV block
     --max-num-batched-tokens 32768 --json "$P/ovl2.json" > "$P/ovl2.txt" 2>&1
   timeout -k 10 150 python3 "$RT" --models qwen2.5-0.5b --profile --profile-warm --max-num-batched-tokens 32768 \
     > "$P/ovl2_prof.txt" 2>&1
+}
+step_ovl3() {  # ovl2's rows only (no profiles), after the index copies stopped waiting for the stream
+  timeout -k 30 200 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-batch 1024 \
+    --hf-setups generate --variants triton-graph-warm-serial,triton-graph-warm --native-reps 3 \
+    --max-num-batched-tokens 32768 --json "$P/ovl3.json" > "$P/ovl3.txt" 2>&1
 }
 step_ssweep() {  # the sampler's vocabulary tile x warps of its per-tile kernel at B=256 and 1024
   timeout -k 5 120 python3 benchmarks/sampler_bench.py --sweep --batch 256 1024 > "$P/ssweep.txt" 2>&1

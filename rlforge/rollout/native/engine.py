@@ -422,7 +422,7 @@ class NativeRollout(Rollout):
                     dst.append(q0)
                     src.append(prev.row[seq.seq_id])
             if dst:
-                inp.input_ids[torch.tensor(dst, device=self.device)] = prev.tok[torch.tensor(src, device=self.device)]
+                inp.input_ids[self._index(dst)] = prev.tok[self._index(src)]
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
         sids = list(inp.sample_seq_ids)
         if not sids:
@@ -452,6 +452,11 @@ class NativeRollout(Rollout):
             event.record()
         return copies, event
 
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        """``rows`` as an int64 index on the device, copied without waiting for the stream
+        (``torch.tensor(rows, device=...)`` would wait for every queued step: no overlap)."""
+        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+
     def _last_ids(self, seqs: list[Sequence], prev: _Mixed | None) -> torch.Tensor | None:
         """``[B]`` long on the device: each sequence's last token, taken from ``prev``'s sampled
         tokens where the host holds a placeholder; None when no placeholder is pending."""
@@ -460,8 +465,7 @@ class NativeRollout(Rollout):
         ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long).to(self.device, non_blocking=True)
         rows = [i for i, s in enumerate(seqs) if s.output_ids and s.output_ids[-1] == PLACEHOLDER]
         if rows:
-            ids[torch.tensor(rows, device=self.device)] = prev.tok[
-                torch.tensor([prev.row[seqs[i].seq_id] for i in rows], device=self.device)]
+            ids[self._index(rows)] = prev.tok[self._index([prev.row[seqs[i].seq_id] for i in rows])]
         return ids
 
     def _decode_burst(
@@ -560,7 +564,7 @@ class NativeRollout(Rollout):
             return None
         for s in seqs:
             bm.append_slots(s, s.num_tokens + k0 - 1 + k)
-        last = pend.toks[:, -1] if len(rows) == len(seqs0) else pend.toks[torch.tensor(rows, device=self.device), -1]
+        last = pend.toks[:, -1] if len(rows) == len(seqs0) else pend.toks[self._index(rows), -1]
         return self._launch_burst(runner, SchedulerOutput(seqs, [1] * len(seqs)), k, params, first_ids=last, ahead=k0)
 
     def _assemble(self, prompts: Batch, seqs: list[Sequence]) -> Batch:

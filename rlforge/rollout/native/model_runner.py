@@ -171,7 +171,9 @@ def step_inputs(
     if dec:
         inp.decode_rows = t([qs[i] for i in dec])
         inp.decode_block_tables = block_table_tensor([bts[i] for i in dec], device)
-        inp.decode_context_lens = torch.tensor([cl[i] for i in dec], dtype=torch.int32, device=device)
+        # built on the host and copied without waiting for the stream (a copy with `device=` waits for
+        # every queued step, which would undo overlapped steps)
+        inp.decode_context_lens = torch.tensor([cl[i] for i in dec], dtype=torch.int32).to(device, non_blocking=True)
     chunks = [(qs[i], ql[i], cl[i], bts[i]) for i in range(len(ql)) if ql[i] != 1]
     if chunks:
         inp.prefill = build_prefill_batch(chunks, block_size, device)
