@@ -379,7 +379,7 @@ class NativeRollout(Rollout):
             m["rollout/decode_bursts"] = float(bursts)
             m["rollout/overlapped_bursts"] = float(overlapped)
             m["rollout/overlapped_mixed_steps"] = float(overlapped_mixed)
-            m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # scheduling, bookkeeping
+            m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # outside the steps' own time
             m["rollout/graph_capture_s"] = (self._graphs.capture_s - capture0) if self._graphs is not None else 0.0
         t2 = time.perf_counter()
         if self.free_cache_engine:
@@ -583,7 +583,8 @@ class NativeRollout(Rollout):
         into ``mixed_step_s`` (steps with prefill), ``decode_s`` (pure-decode bursts, over
         ``decode_steps`` steps in ``decode_bursts`` bursts, ``overlapped_bursts`` of them launched
         before the one before was read; ``overlapped_mixed_steps``: steps launched before a mixed
-        step before them was read) and ``host_s`` (scheduling between them); ``graph_capture_s`` is
+        step before them was read) and ``host_s`` (what is left: each step's time includes its own
+        scheduling and bookkeeping); ``graph_capture_s`` is
         this call's CUDA-graph capture time (graphs are captured on first use, inside ``decode_s``)."""
         return dict(self._last_metrics)
 
