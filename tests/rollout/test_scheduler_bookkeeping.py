@@ -1,12 +1,13 @@
 """The native engine's host bookkeeping on hand-computed cases: a burst's tokens are cut after
 the first EOS or at the length limit (log-probs cut the same way), finished sequences leave the
 running list in one pass without reordering the others, and free KV blocks are taken oldest
-first (freed blocks go to the back), as the scheduler and the prefix cache expect."""
+first (freed blocks go to the back), as the scheduler and the prefix cache expect; placeholders
+of a step not read yet are filled in by ``confirm``, and an EOS there ends the row, preempted or not."""
 
 from __future__ import annotations
 
 from rlforge.rollout.native.block_manager import BlockManager
-from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from rlforge.rollout.native.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig, SchedulerOutput
 from rlforge.rollout.native.sequence import Sequence, SequenceStatus
 
 EOS = 2
@@ -59,3 +60,31 @@ def test_free_blocks_are_taken_oldest_first():
     bm.allocate(c)
     assert c.block_table == [3, 4, 5, 1]
     assert bm.num_free_blocks == 1 and bm.num_used_blocks == 5
+
+
+def test_placeholders_are_confirmed_and_an_eos_ends_the_row_even_after_preemption():
+    """After a mixed step whose tokens are not read yet: rows hold placeholders and the next
+    step runs on them; ``confirm`` writes the tokens in, an EOS drops what came after it and
+    ends the row, and a row preempted in between leaves the waiting queue instead of being
+    prefilled again."""
+    bm = BlockManager(64, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), bm, frozenset({EOS}))
+    seqs = [Sequence(i, [5, 6, 7], 10) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    out = sched.schedule()
+    recs = sched.provisional_update(out, [0, 1, 2], with_log_probs=True)
+    assert [s.output_ids for s in seqs] == [[PLACEHOLDER]] * 3 and recs == [(s, 0) for s in seqs]
+    nxt = sched.schedule()  # the next step is scheduled on the placeholders: one decode each
+    assert nxt.num_new_tokens == [1, 1, 1] and sched.is_pure_decode(nxt)
+    recs2 = sched.provisional_update(nxt, [0, 1, 2], with_log_probs=True)
+    sched._preempt(seqs[2])  # row 2 loses its blocks before the first step is read
+    sched.confirm(recs, [EOS, 11, EOS], [-0.1, -0.2, -0.3])
+    assert seqs[0].output_ids == [EOS] and seqs[0].output_log_probs == [-0.1]  # its second placeholder dropped
+    assert seqs[0].status is SequenceStatus.FINISHED and not seqs[0].block_table
+    assert seqs[1].output_ids == [11, PLACEHOLDER] and seqs[1].status is SequenceStatus.RUNNING
+    assert seqs[2].status is SequenceStatus.FINISHED and seqs[2] not in sched.waiting
+    assert sched.running == [seqs[1]]
+    sched.confirm(recs2, [30, 12, 31], [-1.0, -2.0, -3.0])  # rows 0 and 2 ended: their records are skipped
+    assert seqs[1].output_ids == [11, 12] and seqs[1].output_log_probs == [-0.2, -2.0]
+    assert seqs[0].output_ids == [EOS] and seqs[2].output_ids == [EOS]

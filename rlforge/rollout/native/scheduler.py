@@ -228,8 +228,9 @@ class Scheduler:
                 log_probs: list[float] | None = None) -> None:
         """Write the tokens read back for :meth:`provisional_update`'s placeholders.  A sequence
         whose token is an EOS ends there: what it was given after it (the placeholders and burst
-        tokens of steps launched since) is dropped, and it finishes.  A record whose placeholder
-        was already dropped (an earlier EOS) is skipped."""
+        tokens of steps launched since) is dropped, and it finishes (leaving the waiting queue if it
+        was preempted meanwhile).  A record whose placeholder was already dropped (an earlier EOS)
+        is skipped."""
         eos, finished = self.eos_ids, False
         for (seq, i), tok, lp in zip(records, tokens, log_probs if log_probs is not None else tokens, strict=True):
             if i >= len(seq.output_ids) or seq.output_ids[i] != PLACEHOLDER:
@@ -240,6 +241,8 @@ class Scheduler:
             if tok in eos:
                 del seq.output_ids[i + 1:]
                 del seq.output_log_probs[i + 1:]
+                if seq.status is SequenceStatus.WAITING:  # preempted since its step was launched
+                    self.waiting.remove(seq)
                 if seq.status is not SequenceStatus.FINISHED:
                     seq.status = SequenceStatus.FINISHED
                     self.block_manager.free_seq(seq)
