@@ -34,7 +34,6 @@ the module's own tensor, read in place.
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +55,7 @@ from rlforge.rollout.native.model_runner import (
     ModelSpec,
     block_table_tensor,
     prepare_inputs,
+    right_padded,
     unsupported_reason,
 )
 from rlforge.rollout.native.rollout_weights import RolloutWeights
@@ -413,16 +413,11 @@ class NativeRollout(Rollout):
         tokens to the host; returns without waiting.  Decode rows whose last token is still a
         placeholder of ``prev`` (launched, not read) are fed that token on the device."""
         inp = prepare_inputs(out, self.block_size, self.device)
-        if prev is not None:
-            dst, src = [], []
-            for q0, seq, n in zip(inp.query_start, out.seqs, out.num_new_tokens, strict=True):
-                if seq.output_ids and seq.output_ids[-1] == PLACEHOLDER:
-                    if n != 1:  # only a decode row feeds its newest token
-                        raise RLForgeError(f"internal: sequence {seq.seq_id} prefills a token not read yet")
-                    dst.append(q0)
-                    src.append(prev.row[seq.seq_id])
-            if dst:
-                inp.input_ids[self._index(dst)] = prev.tok[self._index(src)]
+        rows, src = _pending_rows(out.seqs, prev)
+        if rows:
+            if any(out.num_new_tokens[i] != 1 for i in rows):  # only a decode row feeds its newest token
+                raise RLForgeError("internal: a sequence prefills a token that is not read yet")
+            inp.input_ids[self._index([inp.query_start[i] for i in rows])] = prev.tok[self._index(src)]
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
         sids = list(inp.sample_seq_ids)
         if not sids:
@@ -435,12 +430,7 @@ class NativeRollout(Rollout):
         Raises RLForgeError on non-finite logits."""
         if not mx.sample_seq_ids:
             return [], None if not self.calculate_log_probs else []
-        if mx.event is not None:
-            mx.event.synchronize()
-        toks, lps, finite = mx.host
-        if not bool(finite):
-            raise RLForgeError(NON_FINITE)
-        return toks.numpy().tolist(), None if lps is None else lps.numpy().tolist()
+        return _host_lists(mx.host, mx.event)
 
     def _to_host(self, *xs: torch.Tensor | None) -> tuple[tuple[Any, ...], Any]:
         """Copies of ``xs`` on the host (pinned, not waited for on CUDA) and the event that marks them done."""
@@ -463,9 +453,9 @@ class NativeRollout(Rollout):
         if prev is None:
             return None
         ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long).to(self.device, non_blocking=True)
-        rows = [i for i, s in enumerate(seqs) if s.output_ids and s.output_ids[-1] == PLACEHOLDER]
+        rows, src = _pending_rows(seqs, prev)
         if rows:
-            ids[self._index(rows)] = prev.tok[self._index([prev.row[seqs[i].seq_id] for i in rows])]
+            ids[self._index(rows)] = prev.tok[self._index(src)]
         return ids
 
     def _decode_burst(
@@ -527,15 +517,10 @@ class NativeRollout(Rollout):
     def _read_burst(self, burst: _Burst) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
         """Wait for ``burst``'s tokens (not for work queued after it); ``seq_id -> k tokens`` and,
         with ``calculate_log_probs``, their log-probs.  Raises RLForgeError on non-finite logits."""
-        if burst.event is not None:
-            burst.event.synchronize()
-        toks, lps, finite = burst.host
-        if not bool(finite):
-            raise RLForgeError(NON_FINITE)
+        tl, ll = _host_lists(burst.host, burst.event)
         seqs = burst.out.seqs
-        tl = toks.numpy().tolist()  # numpy's tolist: several times faster than a tensor's
         return ({s.seq_id: t for s, t in zip(seqs, tl, strict=True)},
-                None if lps is None else {s.seq_id: x for s, x in zip(seqs, lps.numpy().tolist(), strict=True)})
+                None if ll is None else {s.seq_id: x for s, x in zip(seqs, ll, strict=True)})
 
     def _overlap_next(
         self, sched: Scheduler, pend: _Burst, runner: ModelRunner, params: SamplingParams
@@ -556,23 +541,19 @@ class NativeRollout(Rollout):
                               or len(sched.running) < self.scheduler_config.max_num_seqs):
             return None
         seqs = [seqs0[i] for i in rows]
-        k = min([self.max_decode_burst] + [s.max_new_tokens - len(s.output_ids) - k0 for s in seqs])
-        bm = sched.block_manager
-        while k > 0 and sum(bm.blocks_for(s.num_tokens + k0 - 1 + k) - len(s.block_table) for s in seqs) > bm.num_free_blocks:
-            k -= 1
+        k = sched.reserve_burst(seqs, min([self.max_decode_burst] + [s.max_new_tokens - len(s.output_ids) - k0
+                                                                     for s in seqs]), ahead=k0)
         if k < 1:
             return None
-        for s in seqs:
-            bm.append_slots(s, s.num_tokens + k0 - 1 + k)
         last = pend.toks[:, -1] if len(rows) == len(seqs0) else pend.toks[self._index(rows), -1]
         return self._launch_burst(runner, SchedulerOutput(seqs, [1] * len(seqs)), k, params, first_ids=last, ahead=k0)
 
     def _assemble(self, prompts: Batch, seqs: list[Sequence]) -> Batch:
         """The output batch; ``seqs[i]`` is row ``i``."""
-        resp = _right_padded([s.output_ids for s in seqs], self.pad_id, np.int64)
+        resp = right_padded([s.output_ids for s in seqs], self.pad_id, np.int64)
         out = assemble(prompts, torch.from_numpy(resp), [] if self.ignore_eos else self.eos_ids, self.pad_id)
         if self.calculate_log_probs:
-            lp = torch.from_numpy(_right_padded([s.output_log_probs for s in seqs], 0.0, np.float32))
+            lp = torch.from_numpy(right_padded([s.output_log_probs for s in seqs], 0.0, np.float32))
             out["rollout_log_probs"] = lp * out["response_mask"]
         return out
 
@@ -622,15 +603,25 @@ class NativeRollout(Rollout):
         )
 
 
-def _right_padded(rows: list[list[Any]], pad: Any, dtype: Any) -> np.ndarray:
-    """``rows`` as one ``[len(rows), longest]`` array, right-padded with ``pad`` (one flat copy and
-    one masked write instead of a tensor per row)."""
-    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    width = int(lens.max()) if len(rows) else 0
-    arr = np.full((len(rows), width), pad, dtype=dtype)
-    arr[np.arange(width)[None, :] < lens[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(rows), dtype=dtype, count=int(lens.sum()))
-    return arr
+def _pending_rows(seqs: list[Sequence], prev: _Mixed | None) -> tuple[list[int], list[int]]:
+    """Indices in ``seqs`` of the sequences whose last token is a placeholder of ``prev`` (a
+    launched mixed step not read yet), and those tokens' rows in ``prev.tok``."""
+    if prev is None:
+        return [], []
+    rows = [i for i, s in enumerate(seqs) if s.output_ids and s.output_ids[-1] == PLACEHOLDER]
+    return rows, [prev.row[seqs[i].seq_id] for i in rows]
+
+
+def _host_lists(host: tuple[Any, ...], event: Any) -> tuple[list[Any], list[float] | None]:
+    """Wait for ``event`` (None: the copies are done), then the host copies (tokens, log-probs or
+    None, finite flag) as lists (numpy's ``tolist``: several times faster than a tensor's).
+    Raises RLForgeError when a sampled logit was not finite."""
+    if event is not None:
+        event.synchronize()
+    toks, lps, finite = host
+    if not bool(finite):
+        raise RLForgeError(NON_FINITE)
+    return toks.numpy().tolist(), None if lps is None else lps.numpy().tolist()
 
 
 def _elapsed(t0: float, device: torch.device) -> float:

@@ -143,14 +143,24 @@ class Scheduler:
         shrinks until the free blocks cover every sequence's growth.
         """
         k = min([max_steps] + [s.max_new_tokens - len(s.output_ids) for s in out.seqs])
-        bm = self.block_manager
-        if self.waiting and len(self.running) < self.config.max_num_seqs and bm.can_allocate(self.waiting[0]):
+        if self.waiting and len(self.running) < self.config.max_num_seqs and self.block_manager.can_allocate(
+                self.waiting[0]):
             k = 1
-        while k > 1 and sum(bm.blocks_for(s.num_tokens - 1 + k) - len(s.block_table) for s in out.seqs) > bm.num_free_blocks:
+        return max(self.reserve_burst(out.seqs, k), 1)
+
+    def reserve_burst(self, seqs: list[Sequence], k: int, ahead: int = 0) -> int:
+        """Hold the KV slots of ``k`` decode steps of ``seqs`` after ``ahead`` tokens each has
+        sampled on the device and the host has not read yet, shrinking ``k`` while the free
+        blocks cannot hold them; returns that ``k``.  With ``ahead=0`` step 1's slot is already
+        held (:meth:`schedule`), so ``k`` stays >= 1; otherwise it may come back 0 (nothing held)."""
+        bm, floor = self.block_manager, 1 if ahead == 0 else 0
+        while k > floor and sum(bm.blocks_for(s.num_tokens + ahead - 1 + k) - len(s.block_table)
+                                for s in seqs) > bm.num_free_blocks:
             k -= 1
-        for s in out.seqs:
-            bm.append_slots(s, s.num_tokens - 1 + k)
-        return max(k, 1)
+        if k > 0:
+            for s in seqs:
+                bm.append_slots(s, s.num_tokens + ahead - 1 + k)
+        return k
 
     def update(
         self, out: SchedulerOutput, sampled: dict[int, int], log_probs: dict[int, float] | None = None
