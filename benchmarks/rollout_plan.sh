@@ -43,6 +43,9 @@
 #   ovl3      (~3 min)  ovl2's x1024 rows only
 #   ssweep    (~1 min)  benchmarks/sampler_bench.py --sweep: the sampler's tile size x warps at B=256 and 1024
 #   ovl7b     (~4 min)  7B random x1024 at max_num_seqs 1024 and 256, median of 3, overlapped steps on
+#   lk        (~5 min)  the decode layer kernel's CUDA tests and the engine's; captured decode steps, per-op layers
+#                       beside the layer kernel (4 and 8 warps), 0.5B and 7B at B=1, 16, 32, 64 x 8k
+#   lkrun     (~4 min)  native only, median of 3: the long tail, and 0.5B random x1024 (warm engine)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
 # a step stopped by its time limit prints the table of the rows it measured.
@@ -65,7 +68,7 @@ setup() {
 step_tests() {
   timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
     tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
-    tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py \
+    tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py tests/rollout/test_decode_layer_kernel.py \
     > "$P/tests.txt" 2>&1
 }
 step_kernels() {
@@ -214,6 +217,20 @@ step_ovl7b() {  # the 7B whole-run rows (median of 3) at max_num_seqs 1024 and 2
   timeout -k 30 220 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
     --big-max-num-seqs 1024 256 --native-reps 3 --max-num-batched-tokens 32768 --json "$P/ovl7b.json" \
     > "$P/ovl7b.txt" 2>&1
+}
+step_lk() {  # the persistent decode layer kernel: its CUDA tests and the engine's, then captured decode steps
+  # (0.5B and 7B at B=1, 16, 32, 64 x 8k): per-op layers beside the layer kernel at 4 and 8 warps per program
+  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_decode_layer_kernel.py \
+    tests/rollout/test_native_cuda.py tests/rollout/test_split_kv_cuda.py > "$P/lk_tests.txt" 2>&1
+  timeout -k 5 300 python3 "$RT" --step-profile --step-sizes 1 16 32 64 --layer-warps 4 8 > "$P/lk_steps.txt" 2>&1
+}
+step_lkrun() {  # whole runs with the layer kernel on (its default): the long tail and 0.5B random x1024 (warm
+  # engine), native only, median of 3
+  timeout -k 10 150 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
+    --variants triton-graph --native-reps 3 --json "$P/lkrun_lt.json" > "$P/lkrun_lt.txt" 2>&1
+  timeout -k 30 200 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-setups "" \
+    --variants triton-graph-warm --native-reps 3 --max-num-batched-tokens 32768 --json "$P/lkrun.json" \
+    > "$P/lkrun.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
