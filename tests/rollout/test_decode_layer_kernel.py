@@ -119,11 +119,12 @@ def test_layer_kernel_head_dim_128_without_bias(dtype: torch.dtype) -> None:
 
 
 def test_split_choice() -> None:
-    """Splits: a power of two, as many items as programs at most, two tiles per split."""
+    """Splits: a power of two, as many items as programs at most, a tile per split at least."""
     assert tdl.num_splits_for(16, 2, 8192, 132) == 4  # 128 items on 132 SMs
-    assert tdl.num_splits_for(1, 2, 8192, 132) == 32  # 256-token splits of an 8k table
+    assert tdl.num_splits_for(1, 2, 8192, 132) == 64  # 128-token splits of an 8k table
     assert tdl.num_splits_for(64, 2, 8192, 132) == 1
-    assert tdl.num_splits_for(4, 2, 256, 132) == 1  # one tile of context: never split
+    assert tdl.num_splits_for(4, 2, 256, 132) == 2
+    assert tdl.num_splits_for(4, 2, 128, 132) == 1  # one tile of context: never split
 
 
 def test_unsupported_models_are_refused() -> None:

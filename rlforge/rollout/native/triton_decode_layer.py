@@ -351,9 +351,9 @@ def unsupported_reason(runner) -> str | None:  # noqa: ANN001 - a ModelRunner (i
 
 def num_splits_for(batch: int, kv_heads: int, max_context: int, programs: int) -> int:
     """Context splits per (row, KV head): the largest power of two with ``batch * kv_heads * S <=
-    programs`` and at least two attention tiles per split at the block table's capacity."""
+    programs`` and at least one attention tile per split at the block table's capacity."""
     s = 1
-    while batch * kv_heads * s * 2 <= programs and max_context // (s * 2) >= 2 * ATTENTION_TILE and s < 64:
+    while batch * kv_heads * s * 2 <= programs and max_context // (s * 2) >= ATTENTION_TILE and s < 64:
         s *= 2
     return s
 
