@@ -225,9 +225,10 @@ class ModelRunner:
     (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
     (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
     ``layer_kernel``: pure decode steps of at most :data:`LAYER_KERNEL_MAX_ROWS` rows run every
-    decoder layer as one persistent kernel (:mod:`.triton_decode_layer`); None = on CUDA where
-    the fused kernels run and the model fits its limits.  Raises ValueError for
-    ``layer_kernel=True`` where it cannot run.
+    decoder layer as one persistent kernel (:mod:`.triton_decode_layer`).  Off unless True: on
+    an H200 it is slower than the per-op layers (0.5B B=16 x 8k: 2,049 against 1,598 us per step,
+    ``benchmarks/RESULTS.md``, 2026-12-02).  Raises ValueError for ``layer_kernel=True`` where
+    it cannot run.
     """
 
     def __init__(
@@ -251,13 +252,13 @@ class ModelRunner:
                              f"head dimension (this model's is {self.spec.head_dim})")
         self.fused = bool(fused)
         self.layer_kernel = None
-        if layer_kernel or (layer_kernel is None and self.fused and cache.data.device.type == "cuda"):
+        if layer_kernel:
             from rlforge.rollout.native import triton_decode_layer as tdl
 
             why = tdl.unsupported_reason(self) if self.fused else "it needs the fused kernels (CUDA with Triton)"
             if why is None:
                 self.layer_kernel = tdl.DecodeLayerKernel(self)
-            elif layer_kernel:
+            else:
                 raise ValueError(f"the decode layer kernel cannot run this model: {why}")
 
     def refresh_weights(self) -> None:
