@@ -376,7 +376,9 @@ class DecodeLayerKernel:
             num_programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 3
         self.num_programs = num_programs
         self.num_warps = num_warps
-        self.phased = dev.type != "cuda"  # the interpreter runs programs one after another
+        # the interpreter runs programs one after another, so each phase is its own launch there;
+        # (-1,) = all five phases in one launch (a benchmark may time one phase alone: (p,))
+        self.phases: tuple[int, ...] = (-1,) if dev.type == "cuda" else tuple(range(PHASES))
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions_slots: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
@@ -406,12 +408,11 @@ class DecodeLayerKernel:
         group = s.num_heads // s.num_kv_heads
         bk = triton.next_power_of_2(hid) if hid <= 2048 else 1024
         rows = max(16, triton.next_power_of_2(b))
-        phases = range(PHASES) if self.phased else (-1,)
         for i, layer in enumerate(m.layers):
             lw = r.weights.layers[i]
             qkv = lw.qkv[0]
             kc, vc = cache.data[i, 0], cache.data[i, 1]
-            for phase in phases:
+            for phase in self.phases:
                 _decode_layer_kernel[(self.num_programs,)](
                     h, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                     float(layer.input_layernorm.variance_epsilon),
