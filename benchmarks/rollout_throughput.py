@@ -334,11 +334,12 @@ def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, l
     with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1).
     ``layer_warps``: None = the per-op layers; else the persistent layer kernel
     (:mod:`rlforge.rollout.native.triton_decode_layer`) with that many warps per program, at any
-    batch up to its :data:`MAX_ROWS` (the runner's own limit is lifted for the capture)."""
+    batch up to its :data:`MAX_ROWS` (the runner's own limit is raised to it for the capture)."""
     from unittest import mock
 
     import rlforge.rollout.native.model_runner as mr
     import rlforge.rollout.native.triton_attention as ta
+    import rlforge.rollout.native.triton_decode_layer as tdl
     from rlforge.rollout.native.cuda_graph import DecodeGraphs
     from rlforge.rollout.native.model_runner import ModelRunner
 
@@ -350,7 +351,7 @@ def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, l
         if splits_patch:
             stack.enter_context(mock.patch.object(ta, "auto_num_splits", splits_patch))
         if layer_warps is not None:
-            stack.enter_context(mock.patch.object(mr, "LAYER_KERNEL_MAX_ROWS", 64))
+            stack.enter_context(mock.patch.object(mr, "LAYER_KERNEL_MAX_ROWS", tdl.MAX_ROWS))
         splits = ta.auto_num_splits(b, runner.spec.num_kv_heads, per_row * bs, torch.device("cuda"))
         graphs = DecodeGraphs(runner, [b], per_row, b * per_row * bs)
         buf = graphs.buf
@@ -465,7 +466,7 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
     ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
     torch.profiler, their kernels summed per name and divided by ``replays`` (us per step).
     Each step is the per-op layers, then the persistent layer kernel at each of ``layer_warps``
-    warps per program (batches up to 64)."""
+    warps per program (batches up to its ``MAX_ROWS``)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity
@@ -474,7 +475,7 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
     for name in names:
         model = build(name)
         cost = ModelCost.of(model)
-        for b, warps in [(n, w) for n in sizes for w in (None, *(layer_warps if n <= 64 else ()))]:
+        for b, warps in [(n, w) for n in sizes for w in (None, *(layer_warps if n <= 16 else ()))]:
             cache = _step_cache(model, b, ctx)
             try:
                 graphs, splits = _captured_step(model, cache, b, ctx, 16, layer_warps=warps)

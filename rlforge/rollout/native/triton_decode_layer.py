@@ -41,9 +41,6 @@ import triton.language as tl
 
 from rlforge.rollout.native.triton_fused import _rot
 
-_TILE_COLS = 16
-"""``tl.dot`` needs 16 columns; the O and down tiles use 8 of them (twice the tiles, more SMs busy)."""
-
 
 @triton.jit
 def _grid_sync(bar_ptr, target):
@@ -81,6 +78,16 @@ def _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, offs_k, stride_h, HID: tl.constex
 
 
 @triton.jit
+def _normed_rows(h_ptr, ln_ptr, eps, B, stride_h, HID: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+    """The row offsets, their mask, ``rstd`` and the normed rows of the first ``BK`` columns (all
+    of them when ``HID <= BK``) that a normed-GEMM phase starts from."""
+    offs_m = tl.arange(0, ROWS)
+    mrow = offs_m < B
+    rstd = _row_rstd(h_ptr, offs_m, mrow, stride_h, eps, HID, BK)
+    return offs_m, mrow, rstd, _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, tl.arange(0, BK), stride_h, HID)
+
+
+@triton.jit
 def _normed_gemm_tile(h_ptr, ln_ptr, rstd, x_all, offs_m, mrow, w_ptr, rows_w, stride_h, HID: tl.constexpr,
                       ROWS: tl.constexpr, BK: tl.constexpr):
     """``normed(h) @ W[rows_w]^T``, float32 ``[ROWS, 16]``: from ``x_all`` (the normed rows, loaded
@@ -106,10 +113,7 @@ def _phase_qkv(
     HID: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
     BK: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr,
 ):
-    offs_m = tl.arange(0, ROWS)
-    mrow = offs_m < B
-    rstd = _row_rstd(h_ptr, offs_m, mrow, stride_h, eps, HID, BK)
-    x_all = _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, tl.arange(0, BK), stride_h, HID)  # used when HID <= BK
+    offs_m, mrow, rstd, x_all = _normed_rows(h_ptr, ln_ptr, eps, B, stride_h, HID, ROWS, BK)
     j = tl.arange(0, 16)
     half = tl.arange(0, 8)
     PARTS: tl.constexpr = D // 16
@@ -263,10 +267,7 @@ def _phase_gate_up(
     pid, G, B, h_ptr, ln_ptr, eps, w_ptr, act_ptr, stride_h,
     HID: tl.constexpr, INTER: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr,
 ):
-    offs_m = tl.arange(0, ROWS)
-    mrow = offs_m < B
-    rstd = _row_rstd(h_ptr, offs_m, mrow, stride_h, eps, HID, BK)
-    x_all = _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, tl.arange(0, BK), stride_h, HID)  # used when HID <= BK
+    offs_m, mrow, rstd, x_all = _normed_rows(h_ptr, ln_ptr, eps, B, stride_h, HID, ROWS, BK)
     j = tl.arange(0, 16)
     half = tl.arange(0, 8)
     for t in range(pid, INTER // 8, G):
@@ -314,8 +315,10 @@ def _decode_layer_kernel(
         _phase_linear_residual(pid, G, B, act_ptr, wd_ptr, h_ptr, INTER, stride_h, HID, INTER, ROWS, BK_DOWN)
 
 
-MAX_ROWS = 64
-"""Most decode rows the layer kernel takes (one ``[ROWS, hidden]`` tile of activations per program)."""
+MAX_ROWS = 16
+"""Most decode rows the layer kernel takes (one ``[ROWS, hidden]`` tile of activations per program;
+at 32 rows the 7B shape and at 64 rows both Qwen2.5 shapes asked for 266-494 KB of shared memory,
+more than an H200 has)."""
 ATTENTION_TILE = 128
 """Context tokens per attention loop step (K and V of one tile: 32 KB at head dim 64)."""
 PHASES = 5
