@@ -5,7 +5,10 @@ Each row: the 24 layers as one CUDA graph, with only phase ``p`` launched per la
 each phase its own launch; ``all`` is the one-launch kernel with its barriers), median us per
 step over 20 replays.  The phases do not depend on each other's results for their timing.
 
-    python benchmarks/layer_phases.py --batch 16 --ctx 8192
+    python benchmarks/layer_phases.py --batch 16 --ctx 8192 --variants 4/128/0 4/256/1
+
+``--variants``: the kernel's options, ``WARPS[/TILE[/PREFETCH[/SPIN]]]`` (rollout_throughput.layer_variant).
+The L2 prefetches run only inside the one-launch kernel (``all``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_throughput import _step_cache, build  # noqa: E402
+from rollout_throughput import _step_cache, build, layer_variant  # noqa: E402
 
 from rlforge.rollout.native.model_runner import ModelRunner  # noqa: E402
 
@@ -27,7 +30,9 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=8192)
-    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--variants", type=layer_variant, nargs="+", default=[layer_variant("4/128/1")])
+    ap.add_argument("--phases", nargs="+", default=["all", "0", "1", "2", "3", "4"],
+                    help="'all' (one launch) and/or single phases 0-4")
     args = ap.parse_args()
     model = build(args.model)
     b, ctx, bs = args.batch, args.ctx, 16
@@ -40,12 +45,15 @@ def main() -> None:
     slot = bt[:, ctx // bs].long() * bs + ctx % bs
     h0 = torch.randn(b, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
     cos, sin = r._rope(pos, h0.dtype)
-    print(f"| {args.model} B={b} ctx={ctx} | warps | phase | us/step | us/layer |\n|---|---|---|---|---|")
-    for warps in args.warps:
+    print(f"| {args.model} B={b} ctx={ctx} | warps/tile/prefetch/spin | phase | us/step | us/layer |\n"
+          "|---|---|---|---|---|")
+    for variant in args.variants:
         k = r.layer_kernel
-        k.num_warps = warps
-        for phase in ("all", 0, 1, 2, 3, 4):
-            k.phases = (-1,) if phase == "all" else (phase,)
+        for key, value in variant.items():
+            setattr(k, key, value)
+        name = f"{k.num_warps}/{k.attention_tile}/{int(k.prefetch)}/{int(k.spin_load)}"
+        for phase in args.phases:
+            k.phases = (-1,) if phase == "all" else (int(phase),)
             fn = lambda k=k: k(h0, cos, sin, slot, bt, cl)  # noqa: E731
             for _ in range(2):
                 fn()
@@ -61,7 +69,7 @@ def main() -> None:
                 e.synchronize()
                 ts.append(s.elapsed_time(e) * 1e3)
             t = sorted(ts)[len(ts) // 2]
-            print(f"| | {warps} | {phase} | {t:.0f} | {t / model.config.num_hidden_layers:.1f} |", flush=True)
+            print(f"| | {name} | {phase} | {t:.0f} | {t / model.config.num_hidden_layers:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

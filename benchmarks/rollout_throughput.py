@@ -328,12 +328,34 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
         _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
 
 
-def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, layer_warps: int | None = None):
+def layer_variant(text: str) -> dict:
+    """``WARPS[/TILE[/PREFETCH[/SPIN]]]`` (e.g. ``4/256/1/0``) -> the :class:`DecodeLayerKernel`
+    options ``num_warps``, ``attention_tile`` (default 128), ``prefetch`` (0 or 1, default 1) and
+    ``spin_load`` (0 or 1, default 0)."""
+    parts = text.split("/")
+    if not 1 <= len(parts) <= 4 or not all(x.isdigit() for x in parts):
+        raise argparse.ArgumentTypeError(f"a layer kernel variant is WARPS[/TILE[/PREFETCH[/SPIN]]], got {text!r}")
+    out = {"num_warps": int(parts[0]), "attention_tile": 128, "prefetch": True, "spin_load": False}
+    if len(parts) > 1:
+        out["attention_tile"] = int(parts[1])
+    if len(parts) > 2:
+        out["prefetch"] = parts[2] != "0"
+    if len(parts) > 3:
+        out["spin_load"] = parts[3] != "0"
+    return out
+
+
+def _variant_label(v: dict) -> str:
+    return (f"layer kernel, {v['num_warps']} warps, tile {v['attention_tile']}, L2 prefetch "
+            f"{'on' if v['prefetch'] else 'off'}, spin on {'loads' if v['spin_load'] else 'atomics'}")
+
+
+def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, layer_warps: dict | None = None):
     """A captured whole decode step (:class:`DecodeGraphs` of the model runner) at ``b`` rows of
     ``ctx`` cached tokens behind shuffled block tables, and the split choice it was captured
     with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1).
     ``layer_warps``: None = the per-op layers; else the persistent layer kernel
-    (:mod:`rlforge.rollout.native.triton_decode_layer`) with that many warps per program, at any
+    (:mod:`rlforge.rollout.native.triton_decode_layer`) with these options (:func:`layer_variant`), at any
     batch up to its :data:`MAX_ROWS` (the runner's own limit is raised to it for the capture)."""
     from unittest import mock
 
@@ -346,7 +368,8 @@ def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, l
     per_row = -(-(ctx + 1) // bs)
     runner = ModelRunner(model, cache, "triton", layer_kernel=layer_warps is not None)
     if layer_warps is not None:
-        runner.layer_kernel.num_warps = layer_warps
+        for key, value in layer_warps.items():
+            setattr(runner.layer_kernel, key, value)
     with contextlib.ExitStack() as stack:
         if splits_patch:
             stack.enter_context(mock.patch.object(ta, "auto_num_splits", splits_patch))
@@ -461,12 +484,12 @@ def attention_sweep(bw: Bandwidths) -> None:
 
 
 def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20,
-                 layer_warps: tuple[int, ...] = ()) -> None:
+                 layer_warps: tuple[dict, ...] = ()) -> None:
     """Where one captured decode step's time goes: each model in ``names`` at each batch in
     ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
     torch.profiler, their kernels summed per name and divided by ``replays`` (us per step).
-    Each step is the per-op layers, then the persistent layer kernel at each of ``layer_warps``
-    warps per program (batches up to its ``MAX_ROWS``)."""
+    Each step is the per-op layers, then the persistent layer kernel with each of ``layer_warps``'s
+    options (:func:`layer_variant`; batches up to its ``MAX_ROWS``)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity
@@ -485,7 +508,7 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
                 del cache
                 torch.cuda.empty_cache()
                 continue
-            label = "per-op layers" if warps is None else f"layer kernel, {warps} warps"
+            label = "per-op layers" if warps is None else _variant_label(warps)
             t = cuda_time(lambda g=graphs, b=b: g.replay(b), 10)
             floor = step_floor(cost, b, ctx + 1, bw.spec)
             with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -603,8 +626,9 @@ def _args() -> argparse.Namespace:
                     help="time decode attention launch settings (splits, pages per tile, warps) in CUDA graphs and exit")
     ap.add_argument("--step-sizes", type=_positive, nargs="+", default=[1, 16, 64],
                     help="batch sizes for --step-profile (contexts: 8k, or 512 from batch 256 up)")
-    ap.add_argument("--layer-warps", type=_positive, nargs="*", default=[8],
-                    help="--step-profile: also time the persistent decode layer kernel at these warps per program")
+    ap.add_argument("--layer-warps", type=layer_variant, nargs="*", default=[],
+                    help="--step-profile: also time the persistent decode layer kernel with these options, each "
+                         "WARPS[/TILE[/PREFETCH]] (e.g. 4/256/1: 4 warps, 256-token attention tiles, L2 prefetch on)")
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")

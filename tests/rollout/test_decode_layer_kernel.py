@@ -71,8 +71,10 @@ def _batch(spec: ModelSpec, ctxs: list[int], max_blocks: int, dtype: torch.dtype
     return cache, bt, ctx, pos, slot, ids
 
 
-def _both(model, ctxs: list[int], max_blocks: int, dtype: torch.dtype, num_programs: int | None = None):
-    """``(h, cache)`` of the eager body and of the layer kernel on the same inputs and cache."""
+def _both(model, ctxs: list[int], max_blocks: int, dtype: torch.dtype, num_programs: int | None = None,
+          **kernel_kw):
+    """``(h, cache)`` of the eager body and of the layer kernel (``kernel_kw``: its options) on the
+    same inputs and cache."""
     spec = ModelSpec.from_module(model)
     cache, bt, ctx, pos, slot, ids = _batch(spec, ctxs, max_blocks, dtype)
     out = []
@@ -82,7 +84,7 @@ def _both(model, ctxs: list[int], max_blocks: int, dtype: torch.dtype, num_progr
             r = ModelRunner(model, c, "torch", fused=False, pack=True, layer_kernel=False)
             r.refresh_weights()
             if kernel:
-                k = tdl.DecodeLayerKernel(r, num_programs=num_programs)
+                k = tdl.DecodeLayerKernel(r, num_programs=num_programs, **kernel_kw)
                 h = F.embedding(ids, model.model.embed_tokens.weight)
                 cos, sin = r._rope(pos, h.dtype)
                 h = k(h, cos, sin, slot, bt, ctx)
@@ -99,14 +101,30 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ctxs", [[1, 17, 1000, 129, 0], [300], [5] * 16, [700, 1, 1, 64, 1100, 333, 2, 900]])
-def test_layer_kernel_matches_eager_layers(dtype: torch.dtype, ctxs: list[int]) -> None:
+@pytest.mark.parametrize("tile", [128, 256])
+def test_layer_kernel_matches_eager_layers(dtype: torch.dtype, ctxs: list[int], tile: int) -> None:
     """Rows of 1 to 1,100 context tokens (a padding row of context 0 among them), split and
-    unsplit attention, Q/K/V biases: the residual stream after every layer and the K/V written."""
+    unsplit attention, attention tiles of 128 and 256 tokens, Q/K/V biases, with and without the
+    L2 prefetches and with barriers spinning on loads (CUDA): the residual stream after every
+    layer and the K/V written."""
     model = _model(dtype)
-    for programs in ([3, 40] if DEV.type == "cpu" else [None, 8]):
-        (h0, c0), (h1, c1) = _both(model, ctxs, 72, dtype, programs)[0]
+    runs = [(3, False, False), (40, False, False)] if DEV.type == "cpu" else [
+        (None, True, False), (8, True, True), (None, False, True)]
+    for programs, prefetch, spin_load in runs:
+        (h0, c0), (h1, c1) = _both(model, ctxs, 72, dtype, programs, attention_tile=tile, prefetch=prefetch,
+                                   spin_load=spin_load)[0]
         _close(h1, h0)
         _close(c1, c0)
+
+
+def test_attention_tile_must_be_a_power_of_two_multiple_of_128() -> None:
+    model = _model(DTYPES[0])
+    spec = ModelSpec.from_module(model)
+    cache = KVCache.allocate(spec.num_layers, 4, BLOCK, spec.num_kv_heads, spec.head_dim, DTYPES[0], DEV)
+    r = ModelRunner(model, cache, "torch", fused=False, pack=True, layer_kernel=False)
+    for bad in (64, 192, 384):
+        with pytest.raises(ValueError, match="attention_tile"):
+            tdl.DecodeLayerKernel(r, attention_tile=bad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -125,6 +143,7 @@ def test_split_choice() -> None:
     assert tdl.num_splits_for(64, 2, 8192, 132) == 1
     assert tdl.num_splits_for(4, 2, 256, 132) == 2
     assert tdl.num_splits_for(4, 2, 128, 132) == 1  # one tile of context: never split
+    assert tdl.num_splits_for(1, 2, 8192, 132, tile=256) == 32  # 256-token splits
 
 
 def test_unsupported_models_are_refused() -> None:

@@ -43,14 +43,21 @@ from rlforge.rollout.native.triton_fused import _rot
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target):
+def _grid_sync(bar_ptr, target, SPIN_LOAD: tl.constexpr):
     """Wait until ``target`` arrivals at ``bar_ptr`` (this program's included); orders the
-    program's earlier stores before every program's later loads."""
+    program's earlier stores before every program's later loads.  ``SPIN_LOAD``: wait on volatile
+    loads and acquire once at the end, rather than spinning on acquiring atomics."""
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    if SPIN_LOAD:
+        seen = tl.load(bar_ptr, volatile=True)
+        while seen < target:
+            seen = tl.load(bar_ptr, volatile=True)
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    else:
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -80,11 +87,22 @@ def _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, offs_k, stride_h, HID: tl.constex
 @triton.jit
 def _normed_rows(h_ptr, ln_ptr, eps, B, stride_h, HID: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
     """The row offsets, their mask, ``rstd`` and the normed rows of the first ``BK`` columns (all
-    of them when ``HID <= BK``) that a normed-GEMM phase starts from."""
+    of them when ``HID <= BK``, from one read of ``h``) that a normed-GEMM phase starts from."""
     offs_m = tl.arange(0, ROWS)
     mrow = offs_m < B
-    rstd = _row_rstd(h_ptr, offs_m, mrow, stride_h, eps, HID, BK)
-    return offs_m, mrow, rstd, _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, tl.arange(0, BK), stride_h, HID)
+    if HID <= BK:
+        offs_k = tl.arange(0, BK)
+        kmask = offs_k < HID
+        x = tl.load(h_ptr + offs_m[:, None] * stride_h + offs_k[None, :], mask=mrow[:, None] & kmask[None, :],
+                    other=0.0, cache_modifier=".cg")
+        xf = x.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xf * xf, 1) / HID + eps)
+        w = tl.load(ln_ptr + offs_k, mask=kmask, other=0.0)
+        x_all = (w.to(tl.float32)[None, :] * (xf * rstd[:, None]).to(x.dtype).to(tl.float32)).to(x.dtype)
+    else:
+        rstd = _row_rstd(h_ptr, offs_m, mrow, stride_h, eps, HID, BK)
+        x_all = _normed(h_ptr, ln_ptr, rstd, offs_m, mrow, tl.arange(0, BK), stride_h, HID)
+    return offs_m, mrow, rstd, x_all
 
 
 @triton.jit
@@ -152,15 +170,40 @@ def _phase_qkv(
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, bt_ptr, b, kvh, start, hi, offs_t, offs_d, stride_btb, stride_kn, stride_ks, stride_kh,
-             BLOCK_SIZE: tl.constexpr):
+def _kv_pages(bt_ptr, b, start, hi, offs_t, stride_btb, BLOCK_SIZE: tl.constexpr):
+    """The cache pages of context tokens ``start + offs_t`` of row ``b``, and their mask (``< hi``)."""
     tok = start + offs_t
     tmask = tok < hi
-    page = tl.load(bt_ptr + b * stride_btb + tok // BLOCK_SIZE, mask=tmask, other=0)
-    base = page.to(tl.int64) * stride_kn + (tok % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-    v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-    return k, v, tmask
+    return tl.load(bt_ptr + b * stride_btb + tok // BLOCK_SIZE, mask=tmask, other=0), tmask
+
+
+@triton.jit
+def _kv_tile(k_ptr, v_ptr, page, tmask, kvh, start, offs_t, offs_d, stride_kn, stride_ks, stride_kh,
+             BLOCK_SIZE: tl.constexpr):
+    """K and V of one tile of tokens whose pages were loaded a tile earlier (read once: evict first,
+    so that the weights prefetched into L2 stay there)."""
+    base = page.to(tl.int64) * stride_kn + ((start + offs_t) % BLOCK_SIZE) * stride_ks + kvh * stride_kh
+    k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0,
+                eviction_policy="evict_first")
+    v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0,
+                eviction_policy="evict_first")
+    return k, v
+
+
+@triton.jit
+def _l2_prefetch(ptr, n, pid, G, PREFETCH: tl.constexpr, LINE: tl.constexpr):
+    """Program ``pid``'s share of ``n`` elements from ``ptr`` fetched into L2 (one
+    ``prefetch.global.L2::evict_last`` per 128-byte line of ``LINE`` elements; nothing when not
+    ``PREFETCH``), so that a later phase's loads of them wait on L2 rather than on DRAM."""
+    if PREFETCH:
+        lines = tl.cdiv(n, LINE)
+        per = tl.cdiv(lines, G)
+        offs = tl.arange(0, 1024)
+        for l0 in range(pid * per, tl.minimum(pid * per + per, lines), 1024):
+            li = l0 + offs
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                [ptr + li.to(tl.int64) * LINE], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -188,11 +231,16 @@ def _phase_attention(
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, D], dtype=tl.float32)
-        k, v, tmask = _kv_tile(k_ptr, v_ptr, bt_ptr, b, kvh, lo, hi, offs_t, offs_d, stride_btb, stride_kn,
-                               stride_ks, stride_kh, BLOCK_SIZE)
-        for start in range(lo, hi, TILE):  # the next tile's loads are in flight while this one is used
-            k_n, v_n, tmask_n = _kv_tile(k_ptr, v_ptr, bt_ptr, b, kvh, start + TILE, hi, offs_t, offs_d, stride_btb,
-                                         stride_kn, stride_ks, stride_kh, BLOCK_SIZE)
+        # pages two tiles ahead, K/V one tile ahead of the tile in use: a tile's loads never wait
+        # on its own page lookup
+        page, tmask = _kv_pages(bt_ptr, b, lo, hi, offs_t, stride_btb, BLOCK_SIZE)
+        k, v = _kv_tile(k_ptr, v_ptr, page, tmask, kvh, lo, offs_t, offs_d, stride_kn, stride_ks, stride_kh,
+                        BLOCK_SIZE)
+        page_n, tmask_n = _kv_pages(bt_ptr, b, lo + TILE, hi, offs_t, stride_btb, BLOCK_SIZE)
+        for start in range(lo, hi, TILE):
+            page_nn, tmask_nn = _kv_pages(bt_ptr, b, start + 2 * TILE, hi, offs_t, stride_btb, BLOCK_SIZE)
+            k_n, v_n = _kv_tile(k_ptr, v_ptr, page_n, tmask_n, kvh, start + TILE, offs_t, offs_d, stride_kn,
+                                stride_ks, stride_kh, BLOCK_SIZE)
             s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -202,6 +250,7 @@ def _phase_attention(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
             k, v, tmask = k_n, v_n, tmask_n
+            page_n, tmask_n = page_nn, tmask_nn
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         a_rows = a_ptr + b * (H * D) + heads[:, None] * D + offs_d[None, :]
         if S == 1:
@@ -284,35 +333,42 @@ def _phase_gate_up(
 @triton.jit
 def _decode_layer_kernel(
     h_ptr, ln1_ptr, ln2_ptr, eps, eps2, wqkv_ptr, bqkv_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr,
-    q_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, wo_ptr, wgu_ptr, act_ptr, wd_ptr, bar_ptr, scale, B, G,
+    q_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, wo_ptr, wgu_ptr, act_ptr, wd_ptr, wqkv_next_ptr, bar_ptr, scale, B, G,
     stride_h, stride_kn, stride_ks, stride_kh, stride_btb,
     HID: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
     BK: tl.constexpr, BK_DOWN: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     S: tl.constexpr, S_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PHASE: tl.constexpr,
+    PREFETCH: tl.constexpr, SPIN_LOAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    LINE: tl.constexpr = 64  # 2-byte elements per 128-byte line
     if PHASE < 0 or PHASE == 0:
         _phase_qkv(pid, G, B, h_ptr, ln1_ptr, eps, wqkv_ptr, bqkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr,
                    vc_ptr, stride_h, stride_ks, stride_kh, HID, H, KVH, D, ROWS, BK, HAS_BIAS, BF16)
     if PHASE < 0:
-        _grid_sync(bar_ptr, G)
+        _grid_sync(bar_ptr, G, SPIN_LOAD)
     if PHASE < 0 or PHASE == 1:
         _phase_attention(pid, G, B, q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, scale,
                          stride_btb, stride_kn, stride_ks, stride_kh, H, KVH, D, GROUP, GROUP_PAD, BLOCK_SIZE, TILE,
                          S, S_PAD)
-    if PHASE < 0:
-        _grid_sync(bar_ptr, 2 * G)
+    if PHASE < 0:  # the O and gate/up weights into L2 while the slowest splits finish
+        _l2_prefetch(wo_ptr, HID * H * D, pid, G, PREFETCH, LINE)
+        _l2_prefetch(wgu_ptr, 2 * INTER * HID, pid, G, PREFETCH, LINE)
+        _grid_sync(bar_ptr, 2 * G, SPIN_LOAD)
     if PHASE < 0 or PHASE == 2:
         _phase_linear_residual(pid, G, B, a_ptr, wo_ptr, h_ptr, H * D, stride_h, HID, H * D, ROWS, BK)
-    if PHASE < 0:
-        _grid_sync(bar_ptr, 3 * G)
+    if PHASE < 0:  # the down weights, during the gate/up phase
+        _l2_prefetch(wd_ptr, HID * INTER, pid, G, PREFETCH, LINE)
+        _grid_sync(bar_ptr, 3 * G, SPIN_LOAD)
     if PHASE < 0 or PHASE == 3:
         _phase_gate_up(pid, G, B, h_ptr, ln2_ptr, eps2, wgu_ptr, act_ptr, stride_h, HID, INTER, ROWS, BK)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 4 * G)
+        _grid_sync(bar_ptr, 4 * G, SPIN_LOAD)
     if PHASE < 0 or PHASE == 4:
         _phase_linear_residual(pid, G, B, act_ptr, wd_ptr, h_ptr, INTER, stride_h, HID, INTER, ROWS, BK_DOWN)
+    if PHASE < 0:  # the next layer's Q/K/V weights, for its first phase
+        _l2_prefetch(wqkv_next_ptr, (H + 2 * KVH) * D * HID, pid, G, PREFETCH, LINE)
 
 
 MAX_ROWS = 16
@@ -352,11 +408,12 @@ def unsupported_reason(runner) -> str | None:  # noqa: ANN001 - a ModelRunner (i
     return None
 
 
-def num_splits_for(batch: int, kv_heads: int, max_context: int, programs: int) -> int:
+def num_splits_for(batch: int, kv_heads: int, max_context: int, programs: int, tile: int = ATTENTION_TILE) -> int:
     """Context splits per (row, KV head): the largest power of two with ``batch * kv_heads * S <=
-    programs`` and at least one attention tile per split at the block table's capacity."""
+    programs`` and at least one attention tile of ``tile`` tokens per split at the block table's
+    capacity."""
     s = 1
-    while batch * kv_heads * s * 2 <= programs and max_context // (s * 2) >= ATTENTION_TILE and s < 64:
+    while batch * kv_heads * s * 2 <= programs and max_context // (s * 2) >= tile and s < 64:
         s *= 2
     return s
 
@@ -366,10 +423,19 @@ class DecodeLayerKernel:
 
     ``num_programs``: the grid (None = the SM count on CUDA, where all programs must be
     resident at once; 3 on CPU under the interpreter, whose phases run as separate launches).
-    ``num_warps``: per program.  Raises ValueError when :func:`unsupported_reason` gives a reason.
+    ``num_warps``: per program.  ``attention_tile``: context tokens per attention loop step (a
+    multiple of :data:`ATTENTION_TILE`; the next tile's K/V and the one after's pages are in flight
+    while a tile is used).  ``prefetch``: each phase's weights are fetched into L2 (PTX
+    ``prefetch.global.L2::evict_last``) while the phase before it runs: the O and gate/up weights
+    at the end of attention, the down weights during gate/up, the next layer's Q/K/V weights at
+    the end of the layer (CUDA only: the interpreter has no inline PTX).  ``spin_load``: the grid
+    barriers wait on volatile loads instead of atomics.  Raises ValueError when
+    :func:`unsupported_reason` gives a reason, or for an ``attention_tile`` that is not a multiple
+    of :data:`ATTENTION_TILE`.
     """
 
-    def __init__(self, runner, num_programs: int | None = None, num_warps: int = 8) -> None:  # noqa: ANN001
+    def __init__(self, runner, num_programs: int | None = None, num_warps: int = 8,  # noqa: ANN001
+                 attention_tile: int = ATTENTION_TILE, prefetch: bool = True, spin_load: bool = False) -> None:
         why = unsupported_reason(runner)
         if why is not None:
             raise ValueError(f"the decode layer kernel cannot run this model: {why}")
@@ -377,8 +443,13 @@ class DecodeLayerKernel:
         dev = runner.cache.data.device
         if num_programs is None:
             num_programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 3
+        if attention_tile < ATTENTION_TILE or attention_tile % ATTENTION_TILE or attention_tile & (attention_tile - 1):
+            raise ValueError(f"attention_tile must be a power-of-two multiple of {ATTENTION_TILE}, got {attention_tile}")
         self.num_programs = num_programs
         self.num_warps = num_warps
+        self.attention_tile = attention_tile
+        self.prefetch = prefetch and dev.type == "cuda"
+        self.spin_load = spin_load
         # the interpreter runs programs one after another, so each phase is its own launch there;
         # (-1,) = all five phases in one launch (a benchmark may time one phase alone: (p,))
         self.phases: tuple[int, ...] = (-1,) if dev.type == "cuda" else tuple(range(PHASES))
@@ -399,7 +470,8 @@ class DecodeLayerKernel:
         h = h.contiguous().clone()
         inter = r.weights.layers[0].down.weight.shape[1]
         bs = cache.block_size
-        splits = num_splits_for(b, s.num_kv_heads, block_tables.shape[1] * bs, self.num_programs)
+        tile = self.attention_tile
+        splits = num_splits_for(b, s.num_kv_heads, block_tables.shape[1] * bs, self.num_programs, tile)
         q = torch.empty((b, s.num_heads * s.head_dim), dtype=dt, device=dev)
         po = torch.empty((b, s.num_heads, splits, s.head_dim), dtype=torch.float32, device=dev)
         plse = torch.empty((b, s.num_heads, splits), dtype=torch.float32, device=dev)
@@ -411,9 +483,11 @@ class DecodeLayerKernel:
         group = s.num_heads // s.num_kv_heads
         bk = triton.next_power_of_2(hid) if hid <= 2048 else 1024
         rows = max(16, triton.next_power_of_2(b))
+        n_layers = len(m.layers)
         for i, layer in enumerate(m.layers):
             lw = r.weights.layers[i]
             qkv = lw.qkv[0]
+            qkv_next = r.weights.layers[min(i + 1, n_layers - 1)].qkv[0].weight
             kc, vc = cache.data[i, 0], cache.data[i, 1]
             for phase in self.phases:
                 _decode_layer_kernel[(self.num_programs,)](
@@ -422,13 +496,13 @@ class DecodeLayerKernel:
                     float(layer.post_attention_layernorm.variance_epsilon), qkv.weight,
                     qkv.bias if qkv.bias is not None else qkv.weight, cos, sin, positions_slots, kc, vc,
                     block_tables, context_lens, q, po, plse, cnt, a, lw.o.weight, lw.gate_up[0].weight, act,
-                    lw.down.weight, bar[i:], r.scale, b, self.num_programs,
+                    lw.down.weight, qkv_next, bar[i:], r.scale, b, self.num_programs,
                     h.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
                     HID=hid, H=s.num_heads, KVH=s.num_kv_heads, D=s.head_dim, INTER=inter,
                     GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), ROWS=rows,
-                    BK=bk, BK_DOWN=min(1024, triton.next_power_of_2(inter)), BLOCK_SIZE=bs, TILE=ATTENTION_TILE,
+                    BK=bk, BK_DOWN=min(1024, triton.next_power_of_2(inter)), BLOCK_SIZE=bs, TILE=tile,
                     S=splits, S_PAD=max(2, triton.next_power_of_2(splits)), HAS_BIAS=qkv.bias is not None,
-                    BF16=dt == torch.bfloat16, PHASE=phase,
+                    BF16=dt == torch.bfloat16, PHASE=phase, PREFETCH=self.prefetch, SPIN_LOAD=self.spin_load,
                     num_warps=self.num_warps, enable_fp_fusion=False,
                 )
         return h
