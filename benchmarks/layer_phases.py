@@ -5,10 +5,9 @@ Each row: the 24 layers as one CUDA graph, with only phase ``p`` launched per la
 each phase its own launch; ``all`` is the one-launch kernel with its barriers), median us per
 step over 20 replays.  The phases do not depend on each other's results for their timing.
 
-    python benchmarks/layer_phases.py --batch 16 --ctx 8192 --variants 4/128/0 4/256/1
+    python benchmarks/layer_phases.py --batch 16 --ctx 8192 --variants 4/128 8/256
 
-``--variants``: the kernel's options, ``WARPS[/TILE[/PREFETCH[/SPIN]]]`` (rollout_throughput.layer_variant).
-The L2 prefetches run only inside the one-launch kernel (``all``).
+``--variants``: the kernel's options, ``WARPS[/TILE]`` (rollout_throughput.layer_variant).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=8192)
-    ap.add_argument("--variants", type=layer_variant, nargs="+", default=[layer_variant("4/128/1")])
+    ap.add_argument("--variants", type=layer_variant, nargs="+", default=[layer_variant("4/128")])
     ap.add_argument("--phases", nargs="+", default=["all", "0", "1", "2", "3", "4"],
                     help="'all' (one launch) and/or single phases 0-4")
     args = ap.parse_args()
@@ -45,13 +44,13 @@ def main() -> None:
     slot = bt[:, ctx // bs].long() * bs + ctx % bs
     h0 = torch.randn(b, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
     cos, sin = r._rope(pos, h0.dtype)
-    print(f"| {args.model} B={b} ctx={ctx} | warps/tile/prefetch/spin | phase | us/step | us/layer |\n"
+    print(f"| {args.model} B={b} ctx={ctx} | warps/tile | phase | us/step | us/layer |\n"
           "|---|---|---|---|---|")
     for variant in args.variants:
         k = r.layer_kernel
         for key, value in variant.items():
             setattr(k, key, value)
-        name = f"{k.num_warps}/{k.attention_tile}/{int(k.prefetch)}/{int(k.spin_load)}"
+        name = f"{k.num_warps}/{k.attention_tile}"
         for phase in args.phases:
             k.phases = (-1,) if phase == "all" else (int(phase),)
             fn = lambda k=k: k(h0, cos, sin, slot, bt, cl)  # noqa: E731

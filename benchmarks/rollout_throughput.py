@@ -329,25 +329,16 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
 
 
 def layer_variant(text: str) -> dict:
-    """``WARPS[/TILE[/PREFETCH[/SPIN]]]`` (e.g. ``4/256/1/0``) -> the :class:`DecodeLayerKernel`
-    options ``num_warps``, ``attention_tile`` (default 128), ``prefetch`` (0 or 1, default 1) and
-    ``spin_load`` (0 or 1, default 0)."""
+    """``WARPS[/TILE]`` (e.g. ``8/256``) -> the :class:`DecodeLayerKernel` options ``num_warps`` and
+    ``attention_tile`` (default 128)."""
     parts = text.split("/")
-    if not 1 <= len(parts) <= 4 or not all(x.isdigit() for x in parts):
-        raise argparse.ArgumentTypeError(f"a layer kernel variant is WARPS[/TILE[/PREFETCH[/SPIN]]], got {text!r}")
-    out = {"num_warps": int(parts[0]), "attention_tile": 128, "prefetch": True, "spin_load": False}
-    if len(parts) > 1:
-        out["attention_tile"] = int(parts[1])
-    if len(parts) > 2:
-        out["prefetch"] = parts[2] != "0"
-    if len(parts) > 3:
-        out["spin_load"] = parts[3] != "0"
-    return out
+    if not 1 <= len(parts) <= 2 or not all(x.isdigit() for x in parts):
+        raise argparse.ArgumentTypeError(f"a layer kernel variant is WARPS[/TILE], got {text!r}")
+    return {"num_warps": int(parts[0]), "attention_tile": int(parts[1]) if len(parts) > 1 else 128}
 
 
 def _variant_label(v: dict) -> str:
-    return (f"layer kernel, {v['num_warps']} warps, tile {v['attention_tile']}, L2 prefetch "
-            f"{'on' if v['prefetch'] else 'off'}, spin on {'loads' if v['spin_load'] else 'atomics'}")
+    return f"layer kernel, {v['num_warps']} warps, attention tile {v['attention_tile']}"
 
 
 def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, layer_warps: dict | None = None):
@@ -628,7 +619,7 @@ def _args() -> argparse.Namespace:
                     help="batch sizes for --step-profile (contexts: 8k, or 512 from batch 256 up)")
     ap.add_argument("--layer-warps", type=layer_variant, nargs="*", default=[],
                     help="--step-profile: also time the persistent decode layer kernel with these options, each "
-                         "WARPS[/TILE[/PREFETCH]] (e.g. 4/256/1: 4 warps, 256-token attention tiles, L2 prefetch on)")
+                         "WARPS[/TILE] (e.g. 8/256: 8 warps, 256-token attention tiles)")
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")

@@ -43,21 +43,15 @@ from rlforge.rollout.native.triton_fused import _rot
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target, SPIN_LOAD: tl.constexpr):
+def _grid_sync(bar_ptr, target):
     """Wait until ``target`` arrivals at ``bar_ptr`` (this program's included); orders the
-    program's earlier stores before every program's later loads.  ``SPIN_LOAD``: wait on volatile
-    loads and acquire once at the end, rather than spinning on acquiring atomics."""
+    program's earlier stores before every program's later loads.  (Spinning on volatile loads
+    instead of acquiring atomics measured the same, 2026-12-02.)"""
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    if SPIN_LOAD:
-        seen = tl.load(bar_ptr, volatile=True)
-        while seen < target:
-            seen = tl.load(bar_ptr, volatile=True)
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    else:
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -180,30 +174,13 @@ def _kv_pages(bt_ptr, b, start, hi, offs_t, stride_btb, BLOCK_SIZE: tl.constexpr
 @triton.jit
 def _kv_tile(k_ptr, v_ptr, page, tmask, kvh, start, offs_t, offs_d, stride_kn, stride_ks, stride_kh,
              BLOCK_SIZE: tl.constexpr):
-    """K and V of one tile of tokens whose pages were loaded a tile earlier (read once: evict first,
-    so that the weights prefetched into L2 stay there)."""
+    """K and V of one tile of tokens whose pages were loaded a tile earlier (read once: evict first)."""
     base = page.to(tl.int64) * stride_kn + ((start + offs_t) % BLOCK_SIZE) * stride_ks + kvh * stride_kh
     k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0,
                 eviction_policy="evict_first")
     v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0,
                 eviction_policy="evict_first")
     return k, v
-
-
-@triton.jit
-def _l2_prefetch(ptr, n, pid, G, PREFETCH: tl.constexpr, LINE: tl.constexpr):
-    """Program ``pid``'s share of ``n`` elements from ``ptr`` fetched into L2 (one
-    ``prefetch.global.L2::evict_last`` per 128-byte line of ``LINE`` elements; nothing when not
-    ``PREFETCH``), so that a later phase's loads of them wait on L2 rather than on DRAM."""
-    if PREFETCH:
-        lines = tl.cdiv(n, LINE)
-        per = tl.cdiv(lines, G)
-        offs = tl.arange(0, 1024)
-        for l0 in range(pid * per, tl.minimum(pid * per + per, lines), 1024):
-            li = l0 + offs
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                [ptr + li.to(tl.int64) * LINE], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -333,42 +310,35 @@ def _phase_gate_up(
 @triton.jit
 def _decode_layer_kernel(
     h_ptr, ln1_ptr, ln2_ptr, eps, eps2, wqkv_ptr, bqkv_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr,
-    q_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, wo_ptr, wgu_ptr, act_ptr, wd_ptr, wqkv_next_ptr, bar_ptr, scale, B, G,
+    q_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, wo_ptr, wgu_ptr, act_ptr, wd_ptr, bar_ptr, scale, B, G,
     stride_h, stride_kn, stride_ks, stride_kh, stride_btb,
     HID: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
     BK: tl.constexpr, BK_DOWN: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     S: tl.constexpr, S_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PHASE: tl.constexpr,
-    PREFETCH: tl.constexpr, SPIN_LOAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    LINE: tl.constexpr = 64  # 2-byte elements per 128-byte line
     if PHASE < 0 or PHASE == 0:
         _phase_qkv(pid, G, B, h_ptr, ln1_ptr, eps, wqkv_ptr, bqkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr,
                    vc_ptr, stride_h, stride_ks, stride_kh, HID, H, KVH, D, ROWS, BK, HAS_BIAS, BF16)
     if PHASE < 0:
-        _grid_sync(bar_ptr, G, SPIN_LOAD)
+        _grid_sync(bar_ptr, G)
     if PHASE < 0 or PHASE == 1:
         _phase_attention(pid, G, B, q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, plse_ptr, cnt_ptr, a_ptr, scale,
                          stride_btb, stride_kn, stride_ks, stride_kh, H, KVH, D, GROUP, GROUP_PAD, BLOCK_SIZE, TILE,
                          S, S_PAD)
-    if PHASE < 0:  # the O and gate/up weights into L2 while the slowest splits finish
-        _l2_prefetch(wo_ptr, HID * H * D, pid, G, PREFETCH, LINE)
-        _l2_prefetch(wgu_ptr, 2 * INTER * HID, pid, G, PREFETCH, LINE)
-        _grid_sync(bar_ptr, 2 * G, SPIN_LOAD)
+    if PHASE < 0:
+        _grid_sync(bar_ptr, 2 * G)
     if PHASE < 0 or PHASE == 2:
         _phase_linear_residual(pid, G, B, a_ptr, wo_ptr, h_ptr, H * D, stride_h, HID, H * D, ROWS, BK)
-    if PHASE < 0:  # the down weights, during the gate/up phase
-        _l2_prefetch(wd_ptr, HID * INTER, pid, G, PREFETCH, LINE)
-        _grid_sync(bar_ptr, 3 * G, SPIN_LOAD)
+    if PHASE < 0:
+        _grid_sync(bar_ptr, 3 * G)
     if PHASE < 0 or PHASE == 3:
         _phase_gate_up(pid, G, B, h_ptr, ln2_ptr, eps2, wgu_ptr, act_ptr, stride_h, HID, INTER, ROWS, BK)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 4 * G, SPIN_LOAD)
+        _grid_sync(bar_ptr, 4 * G)
     if PHASE < 0 or PHASE == 4:
         _phase_linear_residual(pid, G, B, act_ptr, wd_ptr, h_ptr, INTER, stride_h, HID, INTER, ROWS, BK_DOWN)
-    if PHASE < 0:  # the next layer's Q/K/V weights, for its first phase
-        _l2_prefetch(wqkv_next_ptr, (H + 2 * KVH) * D * HID, pid, G, PREFETCH, LINE)
 
 
 MAX_ROWS = 16
@@ -425,17 +395,13 @@ class DecodeLayerKernel:
     resident at once; 3 on CPU under the interpreter, whose phases run as separate launches).
     ``num_warps``: per program.  ``attention_tile``: context tokens per attention loop step (a
     multiple of :data:`ATTENTION_TILE`; the next tile's K/V and the one after's pages are in flight
-    while a tile is used).  ``prefetch``: each phase's weights are fetched into L2 (PTX
-    ``prefetch.global.L2::evict_last``) while the phase before it runs: the O and gate/up weights
-    at the end of attention, the down weights during gate/up, the next layer's Q/K/V weights at
-    the end of the layer (CUDA only: the interpreter has no inline PTX).  ``spin_load``: the grid
-    barriers wait on volatile loads instead of atomics.  Raises ValueError when
+    while a tile is used; 256 needs 8 warps, benchmarks/RESULTS.md 2026-12-02).  Raises ValueError when
     :func:`unsupported_reason` gives a reason, or for an ``attention_tile`` that is not a multiple
     of :data:`ATTENTION_TILE`.
     """
 
     def __init__(self, runner, num_programs: int | None = None, num_warps: int = 8,  # noqa: ANN001
-                 attention_tile: int = ATTENTION_TILE, prefetch: bool = True, spin_load: bool = False) -> None:
+                 attention_tile: int = ATTENTION_TILE) -> None:
         why = unsupported_reason(runner)
         if why is not None:
             raise ValueError(f"the decode layer kernel cannot run this model: {why}")
@@ -448,8 +414,6 @@ class DecodeLayerKernel:
         self.num_programs = num_programs
         self.num_warps = num_warps
         self.attention_tile = attention_tile
-        self.prefetch = prefetch and dev.type == "cuda"
-        self.spin_load = spin_load
         # the interpreter runs programs one after another, so each phase is its own launch there;
         # (-1,) = all five phases in one launch (a benchmark may time one phase alone: (p,))
         self.phases: tuple[int, ...] = (-1,) if dev.type == "cuda" else tuple(range(PHASES))
@@ -483,11 +447,9 @@ class DecodeLayerKernel:
         group = s.num_heads // s.num_kv_heads
         bk = triton.next_power_of_2(hid) if hid <= 2048 else 1024
         rows = max(16, triton.next_power_of_2(b))
-        n_layers = len(m.layers)
         for i, layer in enumerate(m.layers):
             lw = r.weights.layers[i]
             qkv = lw.qkv[0]
-            qkv_next = r.weights.layers[min(i + 1, n_layers - 1)].qkv[0].weight
             kc, vc = cache.data[i, 0], cache.data[i, 1]
             for phase in self.phases:
                 _decode_layer_kernel[(self.num_programs,)](
@@ -496,13 +458,13 @@ class DecodeLayerKernel:
                     float(layer.post_attention_layernorm.variance_epsilon), qkv.weight,
                     qkv.bias if qkv.bias is not None else qkv.weight, cos, sin, positions_slots, kc, vc,
                     block_tables, context_lens, q, po, plse, cnt, a, lw.o.weight, lw.gate_up[0].weight, act,
-                    lw.down.weight, qkv_next, bar[i:], r.scale, b, self.num_programs,
+                    lw.down.weight, bar[i:], r.scale, b, self.num_programs,
                     h.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
                     HID=hid, H=s.num_heads, KVH=s.num_kv_heads, D=s.head_dim, INTER=inter,
                     GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), ROWS=rows,
                     BK=bk, BK_DOWN=min(1024, triton.next_power_of_2(inter)), BLOCK_SIZE=bs, TILE=tile,
                     S=splits, S_PAD=max(2, triton.next_power_of_2(splits)), HAS_BIAS=qkv.bias is not None,
-                    BF16=dt == torch.bfloat16, PHASE=phase, PREFETCH=self.prefetch, SPIN_LOAD=self.spin_load,
+                    BF16=dt == torch.bfloat16, PHASE=phase,
                     num_warps=self.num_warps, enable_fp_fusion=False,
                 )
         return h
