@@ -12,6 +12,7 @@
 # torch vs Triton head chunks), mtkv (multi_turn_kv.py), lora05 (0.5B LoRA e2e row; LORA_ARGS), e2eprof (profile
 # of rlforge's 0.5B e2e step, best settings), lora7b (7B LoRA rank 64, 3 steps), rm (reward-model CUDA tests and
 # rm_throughput.py), sync (no-host-sync CUDA test; old tree in .old/ vs new, 0.5B and 1.5B updates).
+# mem (allocated memory per stage and step, 0.5B e2e, 10 steps; the engine and rollout CUDA tests).
 # pg (e2e_grpo, rlforge only: actor.use_prefix_grouper false / true on 0.5B and 1.5B; PG_MODELS).
 # Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
 set -u
@@ -131,6 +132,14 @@ step_pg() {  # use_prefix_grouper off / on, rlforge only, 0.5B and 1.5B, issue 1
       > "$P/pg_${m}_$g.txt" 2>&1
   done; done
 }
+step_mem() {  # allocated memory between steps: 0.5B rlforge only, 10 measured steps, small workload
+  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
+    tests/rollout/test_split_kv_cuda.py tests/rollout/test_decode_layer_kernel.py tests/engine/test_engine_cuda.py \
+    > "$P/mem_tests.txt" 2>&1
+  timeout -k 10 300 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \
+    --prompts 16 --n 8 --response-len 256 --steps 10 --warmup 1 --reps 1 --out "$P/mem" > "$P/mem.txt" 2>&1
+  python3 benchmarks/memory_by_step.py "$P/mem/rep1/rlforge_qwen2.5-0.5b/metrics.jsonl" >> "$P/mem.txt" 2>&1
+}
 step_e2e() {
   timeout -k 10 1500 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models ${E2E_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} \
     --steps 5 --warmup 1 --out "$P/e2e" ${E2E_ARGS:-} > "$P/e2e.txt" 2>&1
@@ -156,7 +165,7 @@ collect() {
 
 case "$cmd" in
   start) rm -rf "$P"; mkdir -p "$P"; setsid bash -c "$(declare -f setup plan step_tests step_train step_offload \
-           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05 step_e2eprof step_pg step_lora7b step_rm step_sync); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' PG_MODELS='${PG_MODELS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
+           step_offprof step_e7b step_tune05 step_liger step_prof05l step_e2e step_head step_tph step_mtkv step_lora05 step_e2eprof step_pg step_lora7b step_rm step_sync step_mem); REPO='$REPO' P='$P' TT='$TT' E2E_MODELS='${E2E_MODELS:-}' E2E_ARGS='${E2E_ARGS:-}' PG_MODELS='${PG_MODELS:-}' LORA_ARGS='${LORA_ARGS:-}'; plan '$2'" > "$P/plan.log" 2>&1 < /dev/null &
          sleep 2; collect "${3:-570}" ;;
   wait) collect "${2:-570}" ;;
 esac
