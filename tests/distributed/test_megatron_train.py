@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_multiprocess_train import rlforge  # noqa: E402
+from test_multiprocess_train import failure, rlforge  # noqa: E402
 
 MEGATRON = [
     "trainer.n_gpus_per_node=4",
@@ -27,7 +27,7 @@ MEGATRON = [
 def test_four_process_tp2_pp2_training_then_single_process_resume(tmp_path):
     res = rlforge(*MEGATRON, "trainer.total_training_steps=2", "trainer.save_freq=2",
                   f"trainer.default_local_dir={tmp_path}")
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, failure(res)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -38,7 +38,7 @@ def test_four_process_tp2_pp2_training_then_single_process_resume(tmp_path):
     assert (tmp_path / "global_step_2" / "actor" / "state.pt").exists()
     res = rlforge("trainer.total_training_steps=3", "actor_rollout_ref.actor.use_kl_loss=true",
                   f"trainer.default_local_dir={tmp_path}")
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, failure(res)
     assert "resumed from" in res.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

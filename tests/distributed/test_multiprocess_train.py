@@ -42,11 +42,18 @@ def rlforge(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+def failure(res: subprocess.CompletedProcess) -> str:
+    """A failed run's stderr for an assertion message: every rank's error lines first (the first
+    rank to fail is the cause, the others' errors are its consequence), then the tail."""
+    errors = [ln for ln in res.stderr.splitlines() if "Error" in ln or "error:" in ln or "exitcode" in ln]
+    return "\n".join(errors[:40]) + "\n--- stderr tail ---\n" + res.stderr[-3000:]
+
+
 def two_process_run(out, strategy: str, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Two steps on two processes with ``strategy``, a checkpoint at step 2; the result and the rows."""
     res = rlforge("trainer.n_gpus_per_node=2", f"actor_rollout_ref.actor.strategy={strategy}",
                   "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={out}", *extra)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, failure(res)
     return res, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -74,7 +81,7 @@ def test_two_process_training_then_single_process_resume(request, tmp_path, stra
     assert f"| model {tmp_path / 'global_step_2'}" in res.stdout
     # resume the 2-process checkpoint in one process (local engine)
     res = rlforge("trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}")
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, failure(res)
     assert "resumed from" in res.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
