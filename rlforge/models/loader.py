@@ -157,24 +157,35 @@ def _hf_folder(src: ModelSource) -> str:
     return _gguf_as_hf_folder(src.location) if src.kind == "gguf" else src.location
 
 
+def _is_tokenizer_folder(p: Path) -> bool:
+    """A folder that ``tokenizer.save_pretrained`` wrote, without a model's ``config.json``."""
+    return p.is_dir() and not (p / "config.json").exists() and (
+        (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file())
+
+
 def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "actor_rollout_ref.model.path") -> PreTrainedTokenizerBase:
     """The tokenizer (with chat template) for a model path.
 
     Presets use the default model's tokenizer unless ``tokenizer_path`` is given;
-    ``tokenizer_path=builtin:NAME`` builds one of :mod:`rlforge.models.builtin_tokenizers`.  A
-    missing pad token is set to the EOS token.
+    ``tokenizer_path=builtin:NAME`` builds one of :mod:`rlforge.models.builtin_tokenizers`, and a
+    folder holding only a saved tokenizer (``tokenizer.json`` or ``tokenizer_config.json``, no
+    ``config.json``) is read as it is.  A missing pad token is set to the EOS token.
 
     Raises:
         ModelError: if the path cannot be resolved.
     """
     if tokenizer_path and tokenizer_path.startswith("builtin:"):
         return BUILTIN_TOKENIZERS.get(tokenizer_path.split(":", 1)[1])()
-    src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
-    if src.kind == "preset":
-        src = resolve_source(DEFAULT_MODEL)
+    if tokenizer_path and _is_tokenizer_folder(Path(tokenizer_path).expanduser()):
+        folder = str(Path(tokenizer_path).expanduser())  # a tokenizer saved alone: no config.json needed
+    else:
+        src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
+        if src.kind == "preset":
+            src = resolve_source(DEFAULT_MODEL)
+        folder = _hf_folder(src)
     with _as_model_error("model.tokenizer_path" if tokenizer_path else key, tokenizer_path or path,
                          "load a tokenizer from"):
-        tok = AutoTokenizer.from_pretrained(_hf_folder(src))
+        tok = AutoTokenizer.from_pretrained(folder)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -111,6 +111,22 @@ def test_folder_without_config_is_rejected(tmp_path):
         resolve_source(str(tmp_path))
 
 
+def test_tokenizer_path_may_be_a_saved_tokenizer_alone(tiny_tokenizer, tmp_path):
+    from rlforge.models import load_tokenizer
+
+    folder = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(str(folder))
+    assert not (folder / "config.json").exists()
+    tok = load_tokenizer("preset:tiny", str(folder))
+    text = "Natalia sold 48 clips in April."
+    assert tok(text)["input_ids"] == tiny_tokenizer(text)["input_ids"]
+    assert tok.eos_token == tiny_tokenizer.eos_token and tok.chat_template == tiny_tokenizer.chat_template
+    # an empty folder is still refused with the key's name
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="model.tokenizer_path"):
+        load_tokenizer("preset:tiny", str(tmp_path / "empty"))
+
+
 def test_unknown_preset_lists_valid_presets():
     with pytest.raises(ModelError) as e:
         resolve_source("preset:nope")
