@@ -14,7 +14,8 @@
 # rm_throughput.py), sync (no-host-sync CUDA test; old tree in .old/ vs new, 0.5B and 1.5B updates).
 # mem (allocated memory per stage and step, 0.5B e2e, 10 steps; the engine and rollout CUDA tests).
 # pg (e2e_grpo, rlforge only: actor.use_prefix_grouper false / true on 0.5B and 1.5B; PG_MODELS).
-# Needs, carried: .whl/ (omegaconf, tensordict, pyvers; trl, datasets, dill, multiprocess) and .tok/.
+# Needs, carried: .whl/ (omegaconf, tensordict, pyvers, antlr4; trl, datasets, dill, multiprocess; liger-kernel,
+# which the image lacks: without it use_liger=true warns and trl-fast fails) and .tok/ (a saved tokenizer).
 set -u
 P=/tmp/eplan
 REPO=$PWD
