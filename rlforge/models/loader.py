@@ -176,8 +176,9 @@ def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "act
     """
     if tokenizer_path and tokenizer_path.startswith("builtin:"):
         return BUILTIN_TOKENIZERS.get(tokenizer_path.split(":", 1)[1])()
-    if tokenizer_path and _is_tokenizer_folder(Path(tokenizer_path).expanduser()):
-        folder = str(Path(tokenizer_path).expanduser())  # a tokenizer saved alone: no config.json needed
+    saved = Path(tokenizer_path).expanduser() if tokenizer_path else None
+    if saved is not None and _is_tokenizer_folder(saved):
+        folder = str(saved)  # a tokenizer saved alone: no config.json needed
     else:
         src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
         if src.kind == "preset":
