@@ -3,8 +3,8 @@
 # device tool runs commands ($OUT: the folder whose files come back).  About 27 minutes on one H200
 # (nvidia-h200); on two (nvidia-h200-x2) the e2e runs go two at a time and the parallel layouts run too.
 #
-#   bash benchmarks/device_plan.sh start [WAIT_S]   # first call: start the plan detached, then wait and collect
-#   bash benchmarks/device_plan.sh wait [WAIT_S]    # later calls (each within the machine's 30 s warm window)
+#   bash benchmarks/plans/device_plan.sh start [WAIT_S]   # first call: start the plan detached, then wait and collect
+#   bash benchmarks/plans/device_plan.sh wait [WAIT_S]    # later calls (each within the machine's 30 s warm window)
 #
 # The plan runs in its own session (setsid), so it outlives one call's 10-minute limit; every call waits
 # until the plan is done or WAIT_S (default 570) seconds have passed, then copies what the plan has written
@@ -91,7 +91,7 @@ case "$cmd" in
   run) plan ;;
   start)
     rm -rf "$P" && mkdir -p "$P"
-    setsid nohup bash "$REPO/benchmarks/device_plan.sh" run > "$P/plan.log" 2>&1 < /dev/null &
+    setsid nohup bash "$REPO/benchmarks/plans/device_plan.sh" run > "$P/plan.log" 2>&1 < /dev/null &
     ;&
   wait)
     end=$((SECONDS + WAIT))

@@ -2,8 +2,8 @@
 # Training-engine measurements (issue 15) in one lease of the device machine, detached so that they
 # outlive one call's 10-minute limit.  Run from the repository root, as the device tool runs commands.
 #
-#   bash benchmarks/engine_plan.sh start "STEP STEP ..." [WAIT_S]   # start detached, wait, collect
-#   bash benchmarks/engine_plan.sh wait [WAIT_S]                     # later calls: wait, collect
+#   bash benchmarks/plans/engine_plan.sh start "STEP STEP ..." [WAIT_S]   # start detached, wait, collect
+#   bash benchmarks/plans/engine_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 #
 # Steps (each with its own time limit): tests (CUDA engine + rollout tests), train (train_throughput
 # rows on 1.5B and 0.5B), offload (1.5B: checkpointing with and without activation offload), offprof (profile of checkpointing + activation offload on 1.5B), e7b (7B GRPO,

@@ -3,8 +3,8 @@
 # one call's 10-minute limit.  Run from the repository root, as the device tool runs commands
 # ($OUT: the folder whose files come back).  About 22 minutes on one H200 (nvidia-h200), all steps.
 #
-#   bash benchmarks/rollout_plan.sh start [STEPS] [WAIT_S]   # first call: start detached, wait, collect
-#   bash benchmarks/rollout_plan.sh wait [WAIT_S]            # later calls (within the machine's warm window)
+#   bash benchmarks/plans/rollout_plan.sh start [STEPS] [WAIT_S]   # first call: start detached, wait, collect
+#   bash benchmarks/plans/rollout_plan.sh wait [WAIT_S]            # later calls (within the machine's warm window)
 #
 # STEPS (quoted, space-separated; default all, in this order; each has its own time limit):
 #   tests     (~2 min)  CUDA tests: split-KV decode (test_split_kv_cuda.py), the native engine, fused kernels
@@ -282,7 +282,7 @@ case "$cmd" in
   run) plan; exit 0 ;;
   start)
     rm -rf "$P" && mkdir -p "$P"
-    STEPS=${2:-tests kernels random longtail big} setsid nohup bash "$REPO/benchmarks/rollout_plan.sh" run \
+    STEPS=${2:-tests kernels random longtail big} setsid nohup bash "$REPO/benchmarks/plans/rollout_plan.sh" run \
       > "$P/plan.log" 2>&1 < /dev/null &
     WAIT=${3:-570}
     ;;
