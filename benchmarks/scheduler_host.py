@@ -3,7 +3,7 @@
     python benchmarks/scheduler_host.py [--seqs 1024] [--prompt-len 256] [--burst 16] [--new-tokens 512]
 
 The engine reads the device once per burst of ``max_decode_burst`` decode steps; while the host
-then schedules the next burst and books the sampled tokens, the GPU waits (benchmarks/RESULTS.md,
+then schedules the next burst and books the sampled tokens, the GPU waits (benchmarks/history/RESULTS-log.md,
 2026-12-01 23:04 session: ~15 ms a burst of 1,024 sequences on the H200's host).  This script runs
 the scheduler and block manager alone through a whole generation of ``--seqs`` sequences with
 random tokens (EOS at a random position for a quarter of them) and prints the median milliseconds

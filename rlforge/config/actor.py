@@ -179,7 +179,7 @@ class ActorConfig:
     :mod:`rlforge.engine.compile`: fused elementwise kernels forward and backward); the first
     steps pay the compile time.  Ignored on CPU (eager reference path).  Default False, unlike
     verl's True: on one H200 it made the 1.5B/0.5B training step 6%/17% slower without
-    checkpointing and 3% faster with it (benchmarks/RESULTS.md, 2026-12-01)."""
+    checkpointing and 3% faster with it (benchmarks/history/RESULTS-log.md, 2026-12-01)."""
     kl_loss_coef: float = 0.001
     """Coefficient of that KL loss."""
     kl_loss_type: str = "low_var_kl"
@@ -206,7 +206,7 @@ class ActorConfig:
     padding-free forward on ``rlforge_varlen`` attention (``model.use_remove_padding=true``, chosen on
     CUDA).  True = on, with a warning where it cannot take effect; False = off (verl's default);
     None (rlforge's default) = on wherever it can take effect and ``rollout.n`` > 1, silently off
-    elsewhere.  Measured on one H200 (benchmarks/RESULTS.md, 2026-12-02): the e2e GRPO update
+    elsewhere.  Measured on one H200 (benchmarks/history/RESULTS-log.md, 2026-12-02): the e2e GRPO update
     (64 prompts x 8, 256 + 1,024 tokens) 5.38 -> 4.97 s on 0.5B and 12.93 -> 11.22 s on 1.5B.
     ``perf/mfu/*`` count the FLOPs of the unshared rows; ``perf/hfu/actor`` leaves out the prompt
     copies not computed (logged as ``perf/prefix_grouper/saved_tokens``)."""

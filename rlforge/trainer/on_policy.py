@@ -4,7 +4,7 @@ When one rollout batch feeds exactly one optimizer step, the "old" policy that P
 compares against is the policy the update's own forward runs: its log-probs, detached, are the
 old log-probs (verl's actor uses them so on-policy, ``dp_actor.py``), and a separate forward over
 the whole batch before the update only recomputes them (verl issue #3996).  Skipping it saves one
-forward pass per step (~20% of an e2e GRPO step, ``benchmarks/RESULTS.md``).
+forward pass per step (~20% of an e2e GRPO step, ``benchmarks/history/RESULTS-log.md``).
 """
 
 from __future__ import annotations

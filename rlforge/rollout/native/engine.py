@@ -112,7 +112,7 @@ class NativeRollout(Rollout):
             float32 nats (0 past each response's end).
         ignore_eos: generate ``max_new_tokens`` for every row; EOS does not end a response.
         max_decode_burst: decode steps run on the device between two host reads (64: measured
-            against 16/32/128 on one H200, benchmarks/RESULTS.md of 2026-12-02).
+            against 16/32/128 on one H200, benchmarks/history/RESULTS-log.md of 2026-12-02).
         overlap_steps: launch each step before reading the one before (see the module
             docstring); False = the host reads every step before it launches the next.
         attention: decode attention kernel, ``auto`` | ``triton`` | ``torch``.

@@ -141,7 +141,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device) 
     ``max_num_seqs`` decoding sequences, and the GPU waits while this runs: decode rows (one
     token each) take plain integer arithmetic, prefill chunks one numpy slice each, written
     into arrays sized once for the step (a 960-decode + 64-chunk step: 12.3 ms -> 4.9 ms of
-    host time with the prefill batch, ``benchmarks/RESULTS.md``)."""
+    host time with the prefill batch, ``benchmarks/history/RESULTS-log.md``)."""
     total = out.num_tokens
     pos = np.empty(total, dtype=np.int64)
     slots = np.empty(total, dtype=np.int64)
@@ -227,7 +227,7 @@ class ModelRunner:
     ``layer_kernel``: pure decode steps of at most :data:`LAYER_KERNEL_MAX_ROWS` rows run every
     decoder layer as one persistent kernel (:mod:`.triton_decode_layer`).  Off unless True: on
     an H200 it is slower than the per-op layers (0.5B B=16 x 8k: 2,049 against 1,598 us per step,
-    ``benchmarks/RESULTS.md``, 2026-12-02).  Raises ValueError for ``layer_kernel=True`` where
+    ``benchmarks/history/RESULTS-log.md``, 2026-12-02).  Raises ValueError for ``layer_kernel=True`` where
     it cannot run.
     """
 

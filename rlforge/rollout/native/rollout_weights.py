@@ -1,7 +1,7 @@
 """The GEMM weights the native rollout reads: packed, and in the compute dtype.
 
 Two costs of reading the trainer's module as it is, both measured on an H200
-(``benchmarks/RESULTS.md``, 2026-12-01):
+(``benchmarks/history/RESULTS-log.md``, 2026-12-01):
 
 - **Five GEMMs where two do.**  Q, K and V project the same rows, as do gate and up.  At
   decode batch sizes the K and V GEMMs move a few megabytes and cost their launch and a

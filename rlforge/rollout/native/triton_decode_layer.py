@@ -4,7 +4,7 @@ A decode step of a small model at a small batch is latency-bound: at B = 16 rows
 context, Qwen2.5-0.5B ran ~12 kernels per layer (fused add + RMSNorm, the Q/K/V GEMM, RoPE +
 KV write, split attention, its combine, the O GEMM, add + RMSNorm, gate/up, SiLU·mul, down,
 cuBLAS split-K reductions), each a launch, a ramp and a tail of 2-7 us around 0.3-4 MB of
-reads: 0.34 of the step's bandwidth floor (``benchmarks/RESULTS.md``, 2026-12-02).
+reads: 0.34 of the step's bandwidth floor (``benchmarks/history/RESULTS-log.md``, 2026-12-02).
 
 Here one launch of ``G`` programs (one per SM, all resident) runs the whole layer in five
 phases, separated by grid-wide barriers (an atomic counter; ``tl.debug_barrier`` orders each
@@ -395,9 +395,9 @@ class DecodeLayerKernel:
     resident at once; 3 on CPU under the interpreter, whose phases run as separate launches).
     ``num_warps``: per program.  ``attention_tile``: context tokens per attention loop step (a
     multiple of :data:`ATTENTION_TILE`; the next tile's K/V and the one after's pages are in flight
-    while a tile is used; 256 needs 8 warps, benchmarks/RESULTS.md 2026-12-02).  Raises ValueError when
-    :func:`unsupported_reason` gives a reason, or for an ``attention_tile`` that is not a multiple
-    of :data:`ATTENTION_TILE`.
+    while a tile is used; 256 needs 8 warps, benchmarks/history/RESULTS-log.md 2026-12-02).
+    Raises ValueError when :func:`unsupported_reason` gives a reason, or for an ``attention_tile``
+    that is not a multiple of :data:`ATTENTION_TILE`.
     """
 
     def __init__(self, runner, num_programs: int | None = None, num_warps: int = 8,  # noqa: ANN001

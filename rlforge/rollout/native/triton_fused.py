@@ -4,7 +4,7 @@ Eager torch spends about 30 kernel launches per layer on RMSNorm (cast, square, 
 two multiplies, cast back), rotate-half RoPE (slices, negation, concatenation, multiplies,
 add, for Q and K), the K/V cache writes, SiLU·mul and the residual adds.  At decode batch
 sizes each of them moves a few megabytes and costs its launch more than its bytes (the
-0.5B decode step's profile, in ``benchmarks/RESULTS.md``: ~185 such launches per step,
+0.5B decode step's profile, in ``benchmarks/history/RESULTS-log.md``: ~185 such launches per step,
 ~1.6 ms of a 9.8 ms step).  These kernels do that work in four launches per layer:
 
 - :func:`add_rms_norm`: ``residual + x`` then RMSNorm of the sum (one read of each, one
