@@ -51,7 +51,7 @@ def load_rows(
             if not os.path.exists(entry):  # name the key, and where a relative path was looked for
                 where = "" if os.path.isabs(entry) else f" (relative to the current folder {os.getcwd()})"
                 hint = (
-                    "; make it with `rlforge data gsm8k --src DIR --out FOLDER` (README, GSM8K)"
+                    "; make it with `rlforge data gsm8k --src DIR --out FOLDER` (docs/gsm8k.md)"
                     if "gsm8k" in entry.lower()
                     else ""
                 )
