@@ -28,7 +28,8 @@ class MultiTurnConfig:
     max_user_turns: int | None = None
     """Inserted turns (tool responses and interaction replies) per conversation; None = no limit."""
     max_parallel_calls: int = 1
-    """Tool calls run from one model turn (they run concurrently); later calls in the turn get an error response."""
+    """Tool calls run from one model turn (they run concurrently); later calls of configured tools get an error
+    response.  A call that does not parse or names an unknown tool gets its own error and takes no slot."""
     max_tool_response_length: int = 256
     """Characters of one tool response the model reads (verl counts characters, not tokens)."""
     tool_response_truncate_side: str = "middle"

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlforge.rollout.multi_turn.config import MultiTurnConfig
 from rlforge.rollout.multi_turn.executor import CallResult, SampleTools, _in_thread
-from rlforge.rollout.multi_turn.parser import parse_hermes
+from rlforge.rollout.multi_turn.parser import clean_text, parse_hermes
 
 STOP_REASONS = ("eos", "length", "max_assistant_turns", "max_user_turns", "interaction", "truncated_at_turn")
 """Why a conversation ended: the model stopped calling tools (``eos``); the response budget ran out inside a
@@ -59,6 +59,7 @@ class Conversation:
         """Record the model turn ``text``; returns the parsed tool calls to run, ``[]`` to ask the
         interaction, or None when the conversation is over (``stop_reason`` set)."""
         self.assistant_turns += 1
+        text = clean_text(text)
         self.messages.append({"role": "assistant", "content": text})
         if hit_length:
             self.stop_reason = "length"
@@ -107,7 +108,7 @@ class Conversation:
         if self._last_turn:
             self.stop_reason = "max_user_turns"
             return None
-        return [{"role": "user", "content": str(reply)}]
+        return [{"role": "user", "content": clean_text(reply if isinstance(reply, bytes) else str(reply))}]
 
     @property
     def reward_scores(self) -> dict[str, Any]:

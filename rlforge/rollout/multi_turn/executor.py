@@ -15,7 +15,10 @@ wall limit).  Every outcome is a :class:`CallResult` with a status, never an exc
 ``skipped``     beyond ``max_parallel_calls`` in one turn
 ==============  ==============================================================
 
-Responses longer than ``max_chars`` characters are cut (``truncate``, verl's three sides).
+Only calls that run use up one of the turn's ``max_parallel_calls`` slots: a block that did not parse
+or names an unknown tool gets its error text back without taking a valid call's place.  Responses are
+made valid text (:func:`~rlforge.rollout.multi_turn.parser.clean_text`: bytes decoded, lone surrogates
+replaced) and those longer than ``max_chars`` characters are cut (``truncate``, verl's three sides).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlforge.rollout.multi_turn.parser import ToolCall, ToolCallError
+from rlforge.rollout.multi_turn.parser import ToolCall, ToolCallError, clean_text
 from rlforge.tools.base import ToolError
 
 STATUSES = ("success", "error", "timeout", "parse_error", "unknown_tool", "skipped")
@@ -90,24 +93,28 @@ class SampleTools:
             self.instances[call.name] = created[0] if isinstance(created, tuple) else created
         out = await tool.execute(self.instances[call.name], call.arguments, **self._kw(call.name, "execute_kwargs"))
         resp, reward = (out[0], out[1]) if isinstance(out, tuple) else (out, 0.0)
-        text = resp if isinstance(resp, str) else getattr(resp, "text", None)
+        text = resp if isinstance(resp, str | bytes) else getattr(resp, "text", None)
         if text is None:
             raise ToolError("the tool returned no text")
-        return str(text), float(reward or 0.0)
+        return clean_text(text if isinstance(text, bytes) else str(text)), float(reward or 0.0)
 
     def start(self, calls: list[ToolCall | ToolCallError], max_parallel: int) -> list[Future | CallResult]:
-        """Start every call of one turn; a :class:`CallResult` where the outcome is known at once."""
+        """Start every call of one turn; a :class:`CallResult` where the outcome is known at once.  The first
+        ``max_parallel`` calls of configured tools run; calls that do not parse or name an unknown tool
+        take no slot."""
         out: list[Future | CallResult] = []
-        for i, c in enumerate(calls):
+        running = 0
+        for c in calls:
             if isinstance(c, ToolCallError):
                 out.append(CallResult("", "parse_error", c.message))
-            elif i >= max_parallel:
-                out.append(CallResult(c.name, "skipped", f"error: at most {max_parallel} tool calls per turn; "
-                                                         f"{c.name!r} was not run"))
             elif c.name not in self.tools:
                 out.append(CallResult(c.name, "unknown_tool", f"error: unknown tool {c.name!r}; available: "
                                                               f"{', '.join(sorted(self.tools)) or 'none'}"))
+            elif running >= max_parallel:
+                out.append(CallResult(c.name, "skipped", f"error: at most {max_parallel} tool calls per turn; "
+                                                         f"{c.name!r} was not run"))
             else:
+                running += 1
                 out.append(_in_thread(lambda c=c: self._call(c)))
         return out
 
@@ -128,7 +135,7 @@ class SampleTools:
                 r = CallResult(c.name, "timeout", f"error: the tool {c.name!r} took longer than {timeout_s:g} s")
             except Exception as e:  # noqa: BLE001 - the tool's own error, shown to the model
                 r = CallResult(c.name, "error", f"error: {type(e).__name__}: {e}")
-            r.text = truncate(r.text, max_chars, side)
+            r.text = truncate(clean_text(r.text), max_chars, side)
             r.wall_s = time.monotonic() - t0
             self.step_reward += r.reward
             results.append(r)
