@@ -77,7 +77,9 @@ class PromptLoader:
     ) -> None:
         n = len(dataset)
         if n == 0:
-            raise DataError(f"the dataset for {batch_size_key} is empty (all rows filtered out?)")
+            source = getattr(dataset, "source_name", "the dataset")
+            raise DataError(f"{source} has no prompts (its files have 0 rows, or every row was filtered out), "
+                            f"so there is nothing to batch with {batch_size_key}")
         if batch_size <= 0:
             raise DataError(f"{batch_size_key} must be positive, got {batch_size}")
         if batch_size > n:

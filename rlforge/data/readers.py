@@ -5,6 +5,9 @@ A verl row is a dict with ``data_source`` (str), ``prompt`` (list of chat messag
 ``extra_info`` (dict).  This module only reads files; the rows are checked by
 :class:`rlforge.data.dataset.RLDataset`, which knows the configured ``prompt_key``.
 
+Float32 parquet columns are read as the decimals they show (:func:`float32_as_written`), so a
+float32 ground truth ``0.1`` is ``"0.1"`` for the reward, not ``"0.10000000149011612"``.
+
 Every row comes back with an *origin* string (``"<file> row <i>"``) so that later errors
 can name the file and the row index.
 """
@@ -37,13 +40,44 @@ def as_file_list(files: str | Sequence[str] | None, key: str = "data.train_files
     return [p if p.startswith("builtin:") else os.path.expanduser(p) for p in paths]
 
 
+def _float32_to(t: Any, to: Any) -> Any:
+    """Arrow type ``t`` with every float32 in it (also in structs and lists) replaced by ``to``."""
+    import pyarrow as pa
+
+    if pa.types.is_float32(t):
+        return to
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_float32_to(t.field(i).type, to)) for i in range(t.num_fields)])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_float32_to(t.value_type, to)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_float32_to(t.value_type, to)))
+    return t
+
+
+def float32_as_written(table: Any) -> Any:
+    """``table`` (a ``pyarrow.Table``) with its float32 values, top-level or nested in structs and
+    lists, read as the float64 of their shortest float32 repr: a float32 ``0.1`` becomes ``0.1``, not
+    ``0.10000000149011612`` (what a plain widening gives, and what ``str()`` of a ground truth then
+    compared against the model's ``0.1``).  Arrow's float-to-string cast writes that shortest repr."""
+    import pyarrow as pa
+
+    schema = table.schema
+    widened = pa.schema([f.with_type(_float32_to(f.type, pa.float64())) for f in schema], metadata=schema.metadata)
+    if widened.equals(schema):
+        return table
+    as_text = pa.schema([f.with_type(_float32_to(f.type, pa.string())) for f in schema], metadata=schema.metadata)
+    return table.cast(as_text).cast(widened)
+
+
 def _read_parquet(path: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise DataError(f"cannot read parquet file {path}: {e}") from e
+    return float32_as_written(table).to_pylist()
 
 
 def _read_jsonl(path: str) -> list[dict[str, Any]]:

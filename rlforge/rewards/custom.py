@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlforge.errors import RewardError
+from rlforge.rewards.exits import USER_EXITS, SigintWatch, exit_error, exit_reason
 
 
 def load_custom_reward_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
@@ -97,12 +98,20 @@ def call_reward_fn(
         ``(score, extras)`` as :func:`check_result`.
 
     Raises:
-        RewardError: the function raised, or returned a bad value; the message names the sample
-            ``index``, ``data_source`` and ``fn_desc`` (and the original exception's message).
+        RewardError: the function raised (``sys.exit`` and a ``KeyboardInterrupt`` raised by the
+            function included; a real Ctrl-C is re-raised as it is), or returned a bad value; the
+            message names the sample ``index``, ``data_source`` and ``fn_desc`` (and the original
+            exception's message).
     """
     where = sample_where(fn_desc, index, data_source)
-    try:
-        out = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
-    except Exception as e:
-        raise RewardError(f"{where} raised {type(e).__name__}: {e}") from e
+    with SigintWatch() as sigint:
+        try:
+            out = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                     extra_info=extra_info)
+        except Exception as e:
+            raise RewardError(f"{where} raised {type(e).__name__}: {e}") from e
+        except USER_EXITS as e:
+            if not sigint.is_user_exit(e):
+                raise
+            raise exit_error(where, exit_reason(e)) from e
     return check_result(out, where)

@@ -10,10 +10,11 @@ Reference: Trung et al., "ReFT: Reasoning with Reinforced Fine-Tuning", ACL 2024
 * ``flexible``: the last ``-?[0-9.,]+`` in the (clipped) response that is not ``""``/``"."``.
 
 The extracted answer and ``ground_truth`` are compared as numbers when both are numbers
-(:func:`rlforge.rewards.numeric.numbers_equal`: ``"72"`` equals ``72.0``, ``"72.0"`` and ``"72.00"``),
-else as stripped strings.  Deviations from verl: verl compares strings (``"72" != "72.0"``), so an
-integer column stored as float (``7.0``) scores 0 there for every response; and in flexible mode, a response whose only matches are ``"."`` has no
-answer (score 0) instead of comparing ``"."`` to the ground truth (same result for
+(:func:`rlforge.rewards.numeric.numbers_equal`, exactly by decimal value: ``"72"`` equals ``72.0``,
+``"72.0"`` and ``"72.00"``; ``"1000000001"`` does not equal ``"1000000000"``), else as stripped
+strings.  Deviations from verl: verl compares strings (``"72" != "72.0"``), so an integer column
+stored as float (``7.0``) scores 0 there for every response; and in flexible mode, a response
+whose only matches are ``"."`` has no answer (score 0) instead of comparing ``"."`` to the ground truth (same result for
 ``format_score = 0``).
 """
 

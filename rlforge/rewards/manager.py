@@ -14,7 +14,9 @@ Failures (rlforge's own policy; verl stops on a raising scorer and ``prime`` sco
 whose scorer times out, raises, returns a non-number or kills its worker gets
 ``reward_model.failure_score``, is counted in ``reward/timeouts`` or ``reward/errors``, and
 is named in a warning (index and data_source).  When EVERY sample of a batch fails with an
-error (not a timeout), the function is broken rather than flaky and :meth:`score` raises.
+error (not a timeout), the function is broken rather than flaky and :meth:`score` raises.  A
+function that calls ``sys.exit`` or raises ``KeyboardInterrupt`` stops the run at once with a
+RewardError naming it and the sample (:mod:`rlforge.rewards.exits`; a real Ctrl-C stays a Ctrl-C).
 
 Zero-length responses (``response_mask`` all zero) get their score at index 0.
 """
@@ -36,6 +38,7 @@ from rlforge.batch import Batch
 from rlforge.errors import RewardError
 from rlforge.registry import Registry
 from rlforge.rewards.custom import check_result, load_custom_reward_function, sample_where
+from rlforge.rewards.exits import USER_EXITS, SigintWatch, exit_error, exit_reason
 from rlforge.rewards.numeric import looks_like_float_column
 from rlforge.rewards.overlong import overlong_penalty
 from rlforge.rewards.pool import Outcome, ScorerPool
@@ -148,14 +151,19 @@ class RewardManager:
             return self._pool_of(1).map(samples)
         out: list[Outcome] = []
         slow: list[tuple[int, float]] = []
-        for i, s in enumerate(samples):
-            t0 = time.monotonic()
-            try:
-                out.append(Outcome(True, value=self.fn(**s)))
-            except Exception as e:  # noqa: BLE001 - the sample's error, handled in score()
-                out.append(Outcome(False, error=f"{type(e).__name__}: {e}", raised=True))
-            if (dt := time.monotonic() - t0) > SLOW_SAMPLE_S:
-                slow.append((i, dt))
+        with SigintWatch() as sigint:
+            for i, s in enumerate(samples):
+                t0 = time.monotonic()
+                try:
+                    out.append(Outcome(True, value=self.fn(**s)))
+                except Exception as e:  # noqa: BLE001 - the sample's error, handled in score()
+                    out.append(Outcome(False, error=f"{type(e).__name__}: {e}", raised=True))
+                except USER_EXITS as e:
+                    if not sigint.is_user_exit(e):
+                        raise  # a real Ctrl-C of the trainer
+                    raise exit_error(sample_where(self.fn_desc, i, s["data_source"]), exit_reason(e)) from e
+                if (dt := time.monotonic() - t0) > SLOW_SAMPLE_S:
+                    slow.append((i, dt))
         if slow:
             i, dt = max(slow, key=lambda x: x[1])
             logger.warning(
@@ -182,7 +190,8 @@ class RewardManager:
 
         Raises:
             RewardError: a field is missing, or every sample's scorer failed with an error (the
-                message is the first sample's: index, data_source and what went wrong).
+                message is the first sample's: index, data_source and what went wrong), or the
+                function called ``sys.exit`` / raised ``KeyboardInterrupt`` (names that sample).
         """
         for key in (self.reward_fn_key, "ground_truth"):
             if key not in batch.non_tensor:
@@ -236,6 +245,8 @@ class RewardManager:
         num_timeouts = num_errors = 0
         for i, o in enumerate(outcomes):
             where = sample_where(self.fn_desc, i, sources[i])
+            if o.exited:
+                raise exit_error(where, o.error)
             try:
                 if o.timed_out:
                     raise RewardError(f"{where} {o.error}")

@@ -5,7 +5,8 @@
   ``compute_score(data_sources=[...], solution_strs=[...], ground_truths=[...], extra_infos=[...],
   **reward_kwargs)``, and returns one number or dict per sample.  With ``reward_model.timeout_s``
   the one call runs in a worker process under that limit (for the whole call); a timeout fails
-  every sample of the batch.
+  every sample of the batch.  The function may return a list, a tuple, or a 1-D numpy array or
+  torch tensor; a wrong length is one error naming the function (:func:`score_list`).
 * ``prime`` (the idea of verl's ``PrimeRewardManager``): samples are scored in parallel by
   ``reward_model.num_workers`` processes (:class:`rlforge.rewards.pool.ScorerPool`), for CPU-heavy
   scorers; ``reward_model.timeout_s`` applies per sample, and a dead worker is replaced.
@@ -20,7 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RewardError
+from rlforge.rewards.exits import USER_EXITS, SigintWatch, exit_error, exit_reason
 from rlforge.rewards.manager import REWARD_MANAGERS, RewardManager
 from rlforge.rewards.pool import Outcome
 
@@ -29,33 +31,61 @@ from rlforge.rewards.pool import Outcome
 class BatchRewardManager(RewardManager):
     """verl's ``batch`` manager: one call of the function on the whole batch's lists."""
 
-    def _call_batch(self, **lists: Any) -> Any:
-        return self.fn(**lists)
-
     def _compute(self, samples: list[dict[str, Any]]) -> list[Outcome]:
+        sources = [s["data_source"] for s in samples]
         lists = {
-            "data_sources": [s["data_source"] for s in samples],
+            "data_sources": sources,
             "solution_strs": [s["solution_str"] for s in samples],
             "ground_truths": [s["ground_truth"] for s in samples],
             "extra_infos": [s["extra_info"] for s in samples],
         }
+        where = batch_where(self.fn_desc, sources)
         if self.timeout_s is not None:
             (one,) = self._pool_of(1).map([lists])
+            if one.exited:
+                raise exit_error(where, one.error)
         else:
-            try:
-                one = Outcome(True, value=self.fn(**lists))
-            except Exception as e:  # noqa: BLE001 - every sample's error, handled in score()
-                one = Outcome(False, error=f"{type(e).__name__}: {e}", raised=True)
+            with SigintWatch() as sigint:
+                try:
+                    one = Outcome(True, value=self.fn(**lists))
+                except Exception as e:  # noqa: BLE001 - every sample's error, handled in score()
+                    one = Outcome(False, error=f"{type(e).__name__}: {e}", raised=True)
+                except USER_EXITS as e:
+                    if not sigint.is_user_exit(e):
+                        raise  # a real Ctrl-C of the trainer
+                    raise exit_error(where, exit_reason(e)) from e
         if not one.ok:
             return [one] * len(samples)
-        values = one.value
-        if not isinstance(values, Sequence) or isinstance(values, str | bytes) or len(values) != len(samples):
-            got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else \
-                type(values).__name__
-            bad = Outcome(False, error=f"the batch function returned {got}, expected a list of "
-                                       f"{len(samples)} scores (reward_model.reward_manager=batch)")
-            return [bad] * len(samples)
-        return [Outcome(True, value=v) for v in values]
+        return [Outcome(True, value=v) for v in score_list(one.value, len(samples), where)]
+
+
+def batch_where(fn_desc: str, sources: Sequence[str]) -> str:
+    """How errors name one batch call: ``reward function <fn> on a batch of N samples (data_source=...)``."""
+    names = sorted(set(map(str, sources)))
+    shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"reward function {fn_desc} on a batch of {len(sources)} samples (data_source={shown})"
+
+
+def score_list(values: Any, n: int, where: str) -> list[Any]:
+    """The per-sample results of a batch function: a list or tuple, or a 1-D numpy array or torch
+    tensor (converted with ``tolist()``), of length ``n``.  Items are checked later, one per sample
+    (:func:`rlforge.rewards.custom.check_result`: numbers, numpy/torch scalars or dicts).
+
+    Raises:
+        RewardError: anything else, or a wrong length; names ``where`` (function and batch).
+    """
+    if hasattr(values, "tolist") and hasattr(values, "shape") and not isinstance(values, str | bytes):
+        shape = tuple(values.shape)
+        if len(shape) != 1:
+            raise RewardError(f"{where} returned {type(values).__name__} of shape {shape}, expected a 1-D list "
+                              f"of {n} scores (reward_model.reward_manager=batch)")
+        values = values.tolist()
+    if not isinstance(values, Sequence) or isinstance(values, str | bytes) or len(values) != n:
+        got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else \
+            type(values).__name__
+        raise RewardError(f"{where} returned {got}, expected a list of {n} scores, one per sample "
+                          "(reward_model.reward_manager=batch)")
+    return list(values)
 
 
 @REWARD_MANAGERS.register("prime")

@@ -8,7 +8,9 @@ process can be killed.  :meth:`ScorerPool.map` hands one task at a time to each 
   waiting) and gets :attr:`Outcome.timed_out`; a fresh fork takes the slot when a task needs it;
 * a worker that dies (``os._exit`` or a segfault in the scorer, the OOM killer) gives its task
   :attr:`Outcome.error` = ``"worker process died (exit code N)"`` and is replaced;
-* an exception in the scorer is caught in the worker and returned as :attr:`Outcome.error`.
+* an exception in the scorer is caught in the worker and returned as :attr:`Outcome.error`;
+  ``sys.exit`` or ``KeyboardInterrupt`` in the scorer also sets :attr:`Outcome.exited` (the
+  managers stop the run on it: :mod:`rlforge.rewards.exits`).
 
 Workers are ``fork`` children of the trainer (as PyTorch's DataLoader workers and verl's
 ``PrimeRewardManager`` pool are), started on the first :meth:`map`, so the scorer function itself
@@ -34,21 +36,26 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from rlforge.rewards.exits import USER_EXITS, exit_reason
+
 
 @dataclass
 class Outcome:
     """Result of one task: ``value`` when ``ok``; else ``error`` (a message; ``raised``: the scorer raised,
-    and ``error`` is ``"<ExceptionType>: <message>"``) or ``timed_out``."""
+    and ``error`` is ``"<ExceptionType>: <message>"``) or ``timed_out``.  ``exited``: the scorer tried to
+    end its process (``SystemExit``/``KeyboardInterrupt``), and ``error`` is
+    :func:`rlforge.rewards.exits.exit_reason`."""
 
     ok: bool
     value: Any = None
     error: str = ""
     timed_out: bool = False
     raised: bool = False
+    exited: bool = False
 
 
 def _worker_main(fn: Callable[..., Any], conn: Connection, parent_end: Connection | None) -> None:
-    """Worker loop: receive ``(index, kwargs)``, send ``(index, ok, value_or_message)``; None stops."""
+    """Worker loop: receive ``(index, kwargs)``, send ``(index, ok, value_or_message, exited)``; None stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     if parent_end is not None:
         parent_end.close()
@@ -62,9 +69,11 @@ def _worker_main(fn: Callable[..., Any], conn: Connection, parent_end: Connectio
         index, kwargs = msg
         try:
             out = fn(**kwargs)
-            conn.send((index, True, out))
-        except BaseException as e:  # noqa: BLE001 - anything the user's code raises is its sample's error
-            conn.send((index, False, f"{type(e).__name__}: {e}"))
+            conn.send((index, True, out, False))
+        except USER_EXITS as e:  # SIGINT is ignored here: this came from the user's code
+            conn.send((index, False, exit_reason(e), True))
+        except BaseException as e:  # noqa: BLE001 - anything else the user's code raises is its sample's error
+            conn.send((index, False, f"{type(e).__name__}: {e}", False))
 
 
 @dataclass
@@ -172,8 +181,9 @@ class ScorerPool:
         w = self._workers[slot]
         try:
             if w.conn.poll():
-                _, ok, value = w.conn.recv()
-                return Outcome(True, value=value) if ok else Outcome(False, error=str(value), raised=True)
+                _, ok, value, exited = w.conn.recv()
+                return Outcome(True, value=value) if ok else Outcome(False, error=str(value), raised=True,
+                                                                     exited=exited)
         except (EOFError, OSError):
             pass
         else:

@@ -194,3 +194,51 @@ def test_filter_overlong(smol_tokenizer, caplog) -> None:
 def test_bad_truncation_value(smol_tokenizer) -> None:
     with pytest.raises(ConfigError, match="data.truncation='sideways'"):
         RLDataset(long_rows(), smol_tokenizer, 40, truncation="sideways")
+
+
+def test_float32_ground_truth_reads_as_written(smol_tokenizer, tmp_path) -> None:
+    """A float32 column holds 0.1 as 0.100000001490116...; the reward must see "0.1" (it used to see
+    '0.10000000149011612', so '#### 0.1' scored 0 with no warning).  Nested (reward_model) and top level."""
+    from rlforge.rewards import default_compute_score
+
+    truths = [0.1, 2.675, 1e-8, 123456.7]
+    schema = pa.schema([
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.float32())])),
+        ("score32", pa.float32()),
+        ("vals", pa.list_(pa.float32())),
+    ])
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "q?"}],
+             "reward_model": {"style": "rule", "ground_truth": t}, "score32": t, "vals": [t, None]} for t in truths]
+    path = str(tmp_path / "f32.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    read = read_file(path)
+    assert [r["reward_model"]["ground_truth"] for r in read] == truths
+    assert [r["score32"] for r in read] == truths and [r["vals"] for r in read] == [[t, None] for t in truths]
+    ds = load_rl_dataset(path, smol_tokenizer, data_cfg())
+    assert [it["ground_truth"] for it in ds] == ["0.1", "2.675", "1e-08", "123456.7"]
+    assert default_compute_score("openai/gsm8k", "#### 0.1", ds[0]["ground_truth"], None) == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 2.675", ds[1]["ground_truth"], None) == 1.0
+
+
+def test_empty_file_is_named(smol_tokenizer, tmp_path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    full = write_jsonl(tmp_path / "full.jsonl", [row("Hi?")])
+    with pytest.raises(DataError) as err:
+        load_rl_dataset(str(empty), smol_tokenizer, data_cfg(), split="val")
+    msg = str(err.value)
+    assert msg.startswith(f"data.val_files: no prompts: {empty} (0 rows); rows read 0, kept 0"), msg
+    assert "batch_size" not in msg
+    assert len(load_rl_dataset([str(empty), full], smol_tokenizer, data_cfg())) == 1  # one empty file is fine
+
+
+def test_all_rows_filtered_names_the_filter(smol_tokenizer, tmp_path) -> None:
+    path = write_jsonl(tmp_path / "long.jsonl", [row(" ".join(["word"] * 60) + "?")] * 3)
+    with pytest.raises(DataError) as err:
+        load_rl_dataset(path, smol_tokenizer, data_cfg(max_prompt_length=40, filter_overlong_prompts=True))
+    msg = str(err.value)
+    assert msg.startswith(f"data.train_files: no prompts left: {path} (3 rows); rows read 3, kept 0: all 3 were "
+                          "longer than data.max_prompt_length=40 tokens and data.filter_overlong_prompts=True"), msg
+    assert "batch_size" not in msg

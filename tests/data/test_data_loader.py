@@ -100,3 +100,9 @@ def test_batch_larger_than_dataset(smol_tokenizer) -> None:
         PromptLoader(
             ds, batch_size=5, shuffle=False, seed=1, drop_last=False, batch_size_key="data.val_batch_size"
         )
+
+
+def test_empty_dataset_names_its_files_key(smol_tokenizer) -> None:
+    ds = RLDataset([], smol_tokenizer, max_prompt_length=128, source_name="data.val_files")
+    with pytest.raises(DataError, match=r"^data.val_files has no prompts \(its files have 0 rows"):
+        PromptLoader(ds, batch_size=2, batch_size_key="data.val_batch_size")

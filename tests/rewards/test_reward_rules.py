@@ -120,3 +120,39 @@ def test_extract_answer_for_majority_vote() -> None:
     assert extract_answer("openai/gsm8k", "#### 7.0") == "7" and extract_answer("openai/gsm8k", "7") is None
     assert extract_answer("rlforge/arithmetic", "3 + 4 = 7") == "7"
     assert extract_answer("unknown/source", "7") is None
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "expected"),
+    [
+        ("#### 1000000001", "1000000000", 0.0),  # a relative tolerance of 1e-9 called these equal
+        ("#### 1000000000", "1000000000", 1.0),
+        ("#### 1,000,000,001", 1000000001, 1.0),
+        (f"#### {2**60 + 1}", str(2**60), 0.0),  # through a float both are 2**60
+        (f"#### {2**60 + 1}", 2**60 + 1, 1.0),
+        ("#### 1.50", "1.5", 1.0),
+        ("#### 0.30000000000000004", "0.3", 0.0),  # decimal values differ
+        ("#### 1,000", "1000", 1.0),
+        ("#### 1000.", "1000", 1.0),  # a trailing period
+        ("#### .5", "0.5", 1.0),
+        ("#### 1.2.3", "1.2.3", 1.0),  # not a number: compared as strings
+        ("#### 0.1", np.float32(0.1), 1.0),  # float32 read in its own shortest repr
+    ],
+)
+def test_gsm8k_compares_numbers_exactly(response: str, truth, expected: float) -> None:
+    assert gsm8k.compute_score(response, truth) == expected
+
+
+def test_arithmetic_integers_above_2_to_53() -> None:
+    big = 2**60 + 1
+    assert arith.compute_score(str(big), big) == 1.0 and arith.compute_score(str(big), str(big)) == 1.0
+    assert arith.compute_score(str(big - 1), big) == 0.0
+    assert default_compute_score("rlforge/arithmetic", f"so it is {big}", big, None) == 1.0
+    assert canonical_number(big) == str(big) and canonical_number(f"{big}.000") == str(big)
+
+
+def test_numeric_exact_helpers() -> None:
+    assert not numbers_equal("1000000001", 1000000000) and numbers_equal("1.50", 1.5)
+    assert numbers_equal("7", np.int64(7)) and numbers_equal("2.5", np.float16(2.5))
+    assert canonical_number("1e-7") == "0.0000001" and canonical_number(np.float32(0.1)) == "0.1"
+    assert not numbers_equal(True, 1) and canonical_number(float("nan")) == "nan"
