@@ -1,18 +1,18 @@
-"""The shipped tools and the Hermes parser: the calculator against Python's own integers, the sandbox's
-limits (no network, CPU time, memory, wall time, output size, temporary directory)."""
+"""The shipped tools and the Hermes parser: the calculator against Python's own integers, its size bounds and
+its killable worker (the python_executor's sandbox is tested in test_sandbox.py)."""
 
 from __future__ import annotations
 
-import socket
+import asyncio
 import threading
+import time
 
 import pytest
 
-from rlforge.rollout.multi_turn.executor import truncate
+from rlforge.rollout.multi_turn.executor import SampleTools, truncate
 from rlforge.rollout.multi_turn.parser import ToolCall, ToolCallError, parse_hermes
 from rlforge.tools import ToolError
 from rlforge.tools.calculator import evaluate
-from rlforge.tools.python_executor import PythonExecutorTool, _unshare_works, run_python
 
 
 def test_calculator_exact_and_refuses_code():
@@ -44,38 +44,62 @@ def test_truncate_sides():
     assert truncate(s, 20, "middle") == s
 
 
-def test_sandbox_limits():
-    assert run_python("import os; print(os.getcwd().split('/')[-1].startswith('rlforge-sandbox-'))").output == "True\n"
-    r = run_python("while True: pass", cpu_s=1, wall_s=20)
-    assert r.exit_code is None and "CPU" in r.killed
-    r = run_python("import time; time.sleep(60)", wall_s=1)
-    assert r.exit_code is None and "wall" in r.killed and r.wall_s < 5
-    r = run_python("x = bytearray(1 << 30)", memory_mb=256)
-    assert "MemoryError" in r.output and r.exit_code == 1
-    r = run_python("print('y' * 10_000_000)", max_output_bytes=1000)
-    assert r.truncated and len(r.output) == 1000 and r.wall_s < 5
+HOSTILE = "(7**1000*7**1000*7**1000*7**1000)**1000"  # ~7 s of GIL-holding work in the old in-thread calculator
 
 
-def test_sandbox_no_network():
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    port = srv.getsockname()[1]
-    threading.Thread(target=lambda: srv.accept(), daemon=True).start()
-    code = f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=2); print('conn' + 'ected')"
-    assert "connected" in run_python(code, netns=False, audit_hook=False).output  # the check can see a connection
-    r = run_python(code, netns=False)  # the audit hook alone
-    assert "connected" not in r.output and "sandbox: socket" in r.output
-    if _unshare_works():  # the network namespace alone
-        r = run_python(code, netns=True, audit_hook=False)
-        assert "connected" not in r.output and ("refused" in r.output or "unreachable" in r.output.lower())
-    srv.close()
-    tool = PythonExecutorTool({}, _schema())
-    assert tool.network_isolation in ("namespace+audit_hook", "audit_hook")
-
-
-def _schema():
+def _calc(config=None):
     from rlforge.tools import parse_tool_schema
+    from rlforge.tools.calculator import CalculatorTool
 
-    return parse_tool_schema({"type": "function", "function": {"name": "python", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string"}}}}})
+    return CalculatorTool(config or {}, parse_tool_schema({"type": "function", "function": {
+        "name": "calculator", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}))
+
+
+def test_calculator_tool_answers_in_its_worker():
+    tool = _calc()
+    try:
+        for expr, want in (("123456789123456789 * 987654321987654321", 123456789123456789 * 987654321987654321),
+                           ("(7 - 10) * 2 ** 10 // 3", (7 - 10) * 2**10 // 3), ("10 / 4", 2.5), ("-2 ** 3 % 5", -2**3 % 5),
+                           ("7 ** 1000 % 1000007", 7**1000 % 1000007)):
+            assert asyncio.run(tool.execute("i", {"expression": expr}))[0].text == str(want)
+        pid = tool.worker._proc.pid
+        with pytest.raises(ToolError, match="only numbers"):
+            asyncio.run(tool.execute("i", {"expression": "__import__('os')"}))
+        assert tool.worker._proc.pid == pid  # one worker serves every call
+    finally:
+        tool.worker.close()
+
+
+def test_calculator_refuses_huge_results_before_computing():
+    for expr in (HOSTILE, "99 ** 1000 * 99 ** 1000 * 99 ** 1000", "(10 ** 1000) * (10 ** 1000) * (10 ** 1000) * (10 ** 1000) * (10 ** 1000)"):
+        t0 = time.monotonic()
+        with pytest.raises(ToolError, match="more than 4000 digits"):
+            evaluate(expr)
+        assert time.monotonic() - t0 < 0.2
+    assert evaluate("10 ** 999 * 10 ** 999 * 10 ** 999 * 10 ** 999") == 10**3996  # near the bound, still fine
+
+
+def test_calculator_timeout_is_kept_and_the_trainer_does_not_stall():
+    tool = _calc({"max_digits": 10**9, "timeout_s": 0.5})  # a bound so large that the hostile call runs
+    ticks, stop = [time.monotonic()], threading.Event()
+
+    def tick():  # a trainer thread: it must keep running while the tool computes
+        while not stop.is_set():
+            time.sleep(0.01)
+            ticks.append(time.monotonic())
+
+    threading.Thread(target=tick, daemon=True).start()
+    st = SampleTools({"calculator": tool})
+    calls = [ToolCall("calculator", {"expression": HOSTILE})]
+    t0 = time.monotonic()
+    (r,) = st.finish(st.start(calls, 4), calls, 0.5, 1000, "middle", t0)
+    took = time.monotonic() - t0
+    time.sleep(0.7)  # the tool's own thread ends too: its worker is killed at timeout_s
+    stop.set()
+    try:
+        assert r.status == "timeout" and took < 1.5, (r, took)
+        assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.25
+        assert tool.worker._proc is None  # killed
+        assert asyncio.run(tool.execute("i", {"expression": "6*7"}))[0].text == "42"  # a fresh worker
+    finally:
+        tool.worker.close()
