@@ -8,7 +8,7 @@ and CUDA), and ``config.yaml``: the run's resolved config, from which ``rlforge 
 rebuilds the model and tokenizer (:mod:`rlforge.trainer.export`).  It is written into a
 temporary folder that is renamed into place only when complete, and
 ``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated last, so nothing
-half-written ever looks like a valid checkpoint.  Before the rename, ``manifest.json`` records the
+half-written ever looks like a valid checkpoint.  Before the rename, ``manifest.json`` (resumable saves) records the
 SHA-256 and size of every file (:mod:`rlforge.trainer.manifest`); a resume checks them first and
 refuses a corrupted checkpoint (or, with ``trainer.resume_fallback``, takes the previous one).
 
@@ -91,7 +91,8 @@ def save_checkpoint(
         for sub, write in (exports or {}).items():
             (tmp / sub).mkdir(parents=True, exist_ok=True)
             write(tmp / sub)
-        write_manifest(tmp)  # after every file, before the folder (and then the tracker) names them
+        if resumable:  # after every file, before the folder (and then the tracker) names them
+            write_manifest(tmp)
         old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
         if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
             os.replace(final, old)
@@ -245,8 +246,9 @@ def restore(engine: Any, ckpt: Path, name: str, model_key: str,
     before the engine sees it.
 
     Raises:
-        ConfigError: unreadable file, or a state that does not fit the model (another
-            architecture or ``override_config``), naming ``model_key``.
+        ConfigError: unreadable file.
+        CheckpointError: a state that does not fit the model (another architecture or
+            ``override_config``), naming the checkpoint, the first mismatch and ``model_key``.
     """
     state = load_part(ckpt, name)
     fix = "resume with the same model settings or set trainer.resume_mode=disable"
