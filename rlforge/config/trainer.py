@@ -45,6 +45,14 @@ class TrainerConfig:
     """``auto`` (latest in ``default_local_dir`` if any) | ``disable`` | ``resume_path`` (use ``resume_from_path``)."""
     resume_from_path: str | None = None
     """Checkpoint folder for ``resume_mode=resume_path``; None = unset."""
+    resume_fallback: bool = False
+    """rlforge addition: when the checkpoint to resume from fails its ``manifest.json`` check (a file
+    corrupted, truncated or missing), resume from the newest older ``global_step_N`` in the same folder
+    that passes it, with a warning; False = stop with an error naming the file."""
+    on_existing_run: str = "error"
+    """rlforge addition: what a run does when another live run holds ``default_local_dir``'s lock
+    (``.rlforge.lock``): ``error`` = stop with one message naming the holder | ``append`` = write
+    into a new ``run-<date>-<pid>`` sub-folder of it (starting fresh there)."""
     val_before_train: bool = True
     """Validate once before the first step."""
     val_only: bool = False

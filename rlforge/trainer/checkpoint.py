@@ -8,7 +8,9 @@ and CUDA), and ``config.yaml``: the run's resolved config, from which ``rlforge 
 rebuilds the model and tokenizer (:mod:`rlforge.trainer.export`).  It is written into a
 temporary folder that is renamed into place only when complete, and
 ``latest_checkpointed_iteration.txt`` (verl's tracker file) is updated last, so nothing
-half-written ever looks like a valid checkpoint.
+half-written ever looks like a valid checkpoint.  Before the rename, ``manifest.json`` (resumable saves) records the
+SHA-256 and size of every file (:mod:`rlforge.trainer.manifest`); a resume checks them first and
+refuses a corrupted checkpoint (or, with ``trainer.resume_fallback``, takes the previous one).
 
 With ``actor.checkpoint.save_contents=[hf_model]`` alone, a save writes only
 ``actor/huggingface`` and ``config.yaml`` into ``global_step_N`` (``resumable=False``): the trained
@@ -17,19 +19,23 @@ policy, not a checkpoint; the tracker file is not updated, and is removed if it 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlforge.errors import ConfigError
+from rlforge.errors import CheckpointError, ConfigError
+from rlforge.trainer.manifest import verify_manifest, write_manifest
 
 TRACKER = "latest_checkpointed_iteration.txt"
+log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 """The run's resolved config in each checkpoint (what ``rlforge export`` rebuilds the model from)."""
 
@@ -85,6 +91,8 @@ def save_checkpoint(
         for sub, write in (exports or {}).items():
             (tmp / sub).mkdir(parents=True, exist_ok=True)
             write(tmp / sub)
+        if resumable:  # after every file, before the folder (and then the tracker) names them
+            write_manifest(tmp)
         old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
         if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
             os.replace(final, old)
@@ -155,18 +163,106 @@ def load_part(ckpt: Path, name: str) -> dict[str, Any]:
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
 
-def restore(engine: Any, ckpt: Path, name: str, model_key: str) -> None:
-    """Load part ``name`` of ``ckpt`` into ``engine``.
+def _previous(ckpt: Path) -> list[Path]:
+    """Complete checkpoints older than ``ckpt`` in its folder, newest first."""
+    try:
+        step = int(ckpt.name.rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        return []
+    older = []
+    for p in ckpt.parent.glob("global_step_*"):
+        tail = p.name.rsplit("_", 1)[1]
+        if tail.isdigit() and int(tail) < step and (p / "trainer_state.pt").is_file():
+            older.append((int(tail), p))
+    return [p for _, p in sorted(older, reverse=True)]
+
+
+def pick_checkpoint(resume_mode: str, default_local_dir: str | Path, resume_from_path: str | None,
+                    fallback: bool = False) -> Path | None:
+    """:func:`find_resume_path`, verified against its ``manifest.json``.
+
+    With ``fallback`` (``trainer.resume_fallback``) a corrupted checkpoint is skipped, with a
+    warning, for the newest older one that verifies.
 
     Raises:
-        ConfigError: unreadable file, or a state that does not fit the model (another
-            architecture or ``override_config``), naming ``model_key``.
+        CheckpointError: the checkpoint's files do not match its manifest (and no fallback was asked
+            for, or no older checkpoint verifies), naming the file and the checkpoint.
+    """
+    path = find_resume_path(resume_mode, default_local_dir, resume_from_path)
+    if path is None:
+        return None
+    try:
+        verify_manifest(path)
+        return path
+    except CheckpointError as e:
+        if not fallback:
+            raise CheckpointError(f"{e}. Set trainer.resume_fallback=true to resume from the newest older checkpoint "
+                                  "that verifies, or trainer.resume_mode=disable to start over") from None
+        first = e
+    for older in _previous(path):
+        try:
+            verify_manifest(older)
+        except CheckpointError:
+            continue
+        log.warning("%s; resuming from %s instead (trainer.resume_fallback=true)", first, older)
+        return older
+    raise CheckpointError(f"{first}, and no older checkpoint in {path.parent} verifies (trainer.resume_fallback=true); "
+                          "set trainer.resume_mode=disable to start over")
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _num_layers(keys: Iterable[str]) -> int:
+    return len({m.group(1) for k in keys if (m := _LAYER.search(k))})
+
+
+def state_mismatch(saved: dict[str, Any], reference: dict[str, tuple[int, ...]]) -> str | None:
+    """Why the saved model state ``saved`` (name -> tensor) cannot fit a model whose parameters have
+    the shapes ``reference`` (name -> shape): another number of decoder layers, or the first
+    parameter of both with another shape; None when neither is seen.  A FlowRL policy's ``lm.``
+    prefix is dropped and its ``log_z_head.*`` ignored."""
+    if any(k.startswith("lm.") for k in saved):
+        saved = {k[3:]: v for k, v in saved.items() if k.startswith("lm.")}
+    got, want = _num_layers(saved), _num_layers(reference)
+    if got != want and got and want:
+        first = next(k for k in sorted(set(saved) ^ set(reference)) if _LAYER.search(k))
+        where = "checkpoint" if first in saved else "model"
+        return (f"the checkpoint has {got} decoder layers, the model {want} (first parameter only in the {where}: "
+                f"{first!r})")
+    for name, t in saved.items():
+        shape = tuple(getattr(t, "shape", ()))
+        if name in reference and shape != tuple(reference[name]):
+            return f"parameter {name!r} has shape {list(shape)} in the checkpoint, {list(reference[name])} in the model"
+    return None
+
+
+def restore(engine: Any, ckpt: Path, name: str, model_key: str,
+            reference: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Load part ``name`` of ``ckpt`` into ``engine``.
+
+    ``reference`` (parameter name -> shape of the model built from ``model_key``; HF names) is
+    checked first, so a checkpoint of another architecture fails with the first mismatch named
+    before the engine sees it.
+
+    Raises:
+        ConfigError: unreadable file.
+        CheckpointError: a state that does not fit the model (another architecture or
+            ``override_config``), naming the checkpoint, the first mismatch and ``model_key``.
     """
     state = load_part(ckpt, name)
+    fix = "resume with the same model settings or set trainer.resume_mode=disable"
+    model = state.get("model") if isinstance(state, dict) else None
+    if reference and isinstance(model, dict) and not any("lora_" in k for k in model):
+        why = state_mismatch(model, reference)
+        if why is not None:
+            raise CheckpointError(f"checkpoint {ckpt / name} does not fit the model built from {model_key}.*: {why}; "
+                                  f"{fix}")
     try:
         engine.load_state_dict(state)
-    except (RuntimeError, KeyError, ValueError) as e:
-        raise ConfigError(
-            f"checkpoint {ckpt / name} does not match the model built from {model_key}.* "
-            f"({str(e).splitlines()[0][:200]}); resume with the same model settings or set trainer.resume_mode=disable"
+    except (RuntimeError, KeyError, ValueError, IndexError) as e:
+        why = state_mismatch(model, reference) if reference and isinstance(model, dict) else None
+        detail = why or f"{e.__class__.__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        raise CheckpointError(
+            f"checkpoint {ckpt / name} does not match the model built from {model_key}.* ({detail}); {fix}"
         ) from None

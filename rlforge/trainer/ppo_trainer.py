@@ -20,6 +20,7 @@ lower it (:mod:`rlforge.trainer.oom`).
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ from rlforge.config.common import hf_model_only
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.engine.local import LocalEngine
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.launch import under_launcher
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import StageMemory, memory_metrics
 from rlforge.perf.monitor import PerfMonitor
@@ -64,6 +66,9 @@ from rlforge.trainer.metrics import (
 )
 from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
+from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
+from rlforge.trainer.run_lock import RunLock
+from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.validation import validate
 
 
@@ -73,6 +78,19 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
 
     out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     return out if isinstance(out, dict) else {}
+
+
+def _take_run_lock(t: Any) -> RunLock | None:
+    """``trainer.default_local_dir``, created, and its run lock (:mod:`rlforge.trainer.run_lock`);
+    None on ranks other than 0 of a launched run (rank 0 holds it for all)."""
+    try:
+        Path(t.default_local_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"trainer.default_local_dir={t.default_local_dir}: cannot create it ({e.strerror or e})") from None
+    on_existing = str(t.on_existing_run)
+    if under_launcher() and int(os.environ.get("RANK", "0") or 0) != 0:
+        return None
+    return acquire_run_lock(t.default_local_dir, on_existing)
 
 
 def seed_everything(seed: int) -> None:
@@ -92,6 +110,15 @@ class PPOTrainer:
     def __init__(self, cfg: Any, loggers: list[str]) -> None:
         self.cfg = cfg
         check_loggers(loggers)  # a missing logger package fails before the model loads
+        self.lock = _take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
+        try:
+            self._setup(loggers)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _setup(self, loggers: list[str]) -> None:
+        cfg = self.cfg
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1))
         self.job: Job = build_job(cfg)  # initialises the process group when launched by torchrun
         self.rank, self.world_size = spmd.world()
@@ -102,11 +129,9 @@ class PPOTrainer:
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
         self.global_step = 0
-        self.out_dir = cfg.trainer.default_local_dir
-        try:
-            Path(self.out_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"trainer.default_local_dir={self.out_dir}: cannot create it ({e.strerror or e})") from None
+        # rank 0's folder (a run-<id> sub-folder with trainer.on_existing_run=append); recorded in config.yaml
+        self.out_dir = self._rank0(str(self.lock.folder) if self.lock is not None else cfg.trainer.default_local_dir)
+        cfg.trainer.default_local_dir = self.out_dir
         self._resume()
         if self.global_step == 0 and self.rank == 0:
             rotate_metrics_file(Path(self.out_dir))
@@ -115,22 +140,47 @@ class PPOTrainer:
         self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir, cfg.trainer.project_name,
                                 cfg.trainer.experiment_name, _config_dict(cfg) if self.rank == 0 else None)
 
+    def _rank0(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (``value`` itself in one process)."""
+        return spmd.gather_objects(value)[0] if self.world_size > 1 else value
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> None:
+        """Restore the checkpoint that ``trainer.resume_mode`` names (verified against its manifest,
+        its config compared with this run's: :mod:`rlforge.trainer.resume_config`)."""
         t = self.cfg.trainer
-        path = ckpt.find_resume_path(t.resume_mode, self.out_dir, t.resume_from_path)
+        fallback = bool(t.resume_fallback)
+        path = ckpt.pick_checkpoint(t.resume_mode, self.out_dir, t.resume_from_path, fallback) if self.rank == 0 else None
+        path = self._rank0(path)
         if path is None:
             return
-        ckpt.restore(self.job.actor.engine, path, "actor", "actor_rollout_ref.model")
+        changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(self.cfg))
+        actor = self.job.actor.engine
+        fresh = optim_settings(actor)
+        reference = {k: tuple(v.shape) for k, v in self.job.actor_lm.state_dict().items()}
+        ckpt.restore(actor, path, "actor", "actor_rollout_ref.model", reference)
+        apply_optim_settings(actor, fresh)  # the new lr, schedule, weight decay, betas take effect
         self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights
         if self.job.critic is not None:
+            fresh = optim_settings(self.job.critic.engine)
             ckpt.restore(self.job.critic.engine, path, "critic", "critic.model")
+            apply_optim_settings(self.job.critic.engine, fresh)
         state = ckpt.load_part(path, "trainer_state")
         self.global_step = int(state["global_step"])
         self.job.train_loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if not any(c.key.startswith("algorithm.kl_ctrl.") for c in changes):  # else it restarts from the new keys
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ckpt.set_rng_state(state["rng"])
-        print(f"resumed from {path} at step {self.global_step}", flush=True)
+        line = f"resumed from {path} at step {self.global_step}"
+        if changes:
+            line += f"; changed since that checkpoint, taking effect now: {'; '.join(str(c) for c in changes)}"
+        if self.rank == 0:
+            print(line, flush=True)
 
     def _save(self) -> None:
         """A checkpoint at ``trainer.save_freq``; with ``actor.checkpoint.save_contents=[hf_model]``
@@ -220,6 +270,7 @@ class PPOTrainer:
             self.job.reward.close()
             self.tracker.close()
             self.perf.close()
+            self._release_lock()
         return last
 
     def _validate(self) -> dict[str, float]:

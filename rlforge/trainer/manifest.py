@@ -1,0 +1,80 @@
+"""Checksums of a checkpoint's files: ``global_step_N/manifest.json``.
+
+``{"format": 1, "files": {"<path relative to the checkpoint>": {"sha256": hex, "size": bytes}}}``,
+written after every other file of the checkpoint (and so before the tracker file names it) and
+checked before a resume reads anything.  A checkpoint without a manifest (written by an older
+rlforge) loads with one warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from rlforge.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20  # bytes read per hashing step
+
+log = logging.getLogger(__name__)
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of ``path``'s bytes (hex), read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: str | Path) -> Path:
+    """Hash every file under ``folder`` into ``folder/manifest.json``; returns its path."""
+    folder = Path(folder)
+    files = {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size}
+             for p in _files(folder)}
+    out = folder / MANIFEST
+    out.write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
+    return out
+
+
+def verify_manifest(folder: str | Path) -> bool:
+    """Check every file listed in ``folder/manifest.json`` against its size and SHA-256.
+
+    Returns:
+        True when verified; False (after one warning) when the checkpoint has no manifest.
+
+    Raises:
+        CheckpointError: a listed file is missing, has another size or another hash (naming the
+            file and the checkpoint), or the manifest itself is unreadable.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        log.warning("checkpoint %s has no %s (written by an older rlforge): its files cannot be checked for "
+                    "corruption", folder, MANIFEST)
+        return False
+    try:
+        files = json.loads(path.read_text())["files"]
+        items = [(str(k), str(v["sha256"]), int(v["size"])) for k, v in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is unreadable ({e.__class__.__name__}); "
+                              "the checkpoint cannot be trusted") from None
+    for rel, digest, size in items:
+        f = folder / rel
+        if not f.is_file():
+            problem = "is missing"
+        elif f.stat().st_size != size:
+            problem = f"has {f.stat().st_size} bytes, the manifest says {size}"
+        elif sha256_file(f) != digest:
+            problem = "does not match its SHA-256 in the manifest (corrupted on disk or in transfer)"
+        else:
+            continue
+        raise CheckpointError(f"checkpoint {folder}: file {rel} {problem}")
+    return True
