@@ -29,7 +29,7 @@ one is trained), in the role's own blocks (``fsdp_config`` is ``critic.model.fsd
 Accepted on purpose:
 
 * ``param_offload`` / ``offload_policy`` on a CPU run (``trainer.device=cpu``, or ``auto`` on a
-  machine without a GPU; fsdp, fsdp2): there is nothing to offload to (the parameters already
+  machine without a GPU; fsdp, fsdp2; ``megatron.param_offload`` likewise): there is nothing to offload to (the parameters already
   are in host memory) and FSDP's CPU offload needs an accelerator (it pins memory), so the
   engines run without it; ONE warning names every such key of the run.  ``optimizer_offload``
   on CPU is a no-op (the optimizer state already is in host memory), without a warning.
@@ -154,10 +154,17 @@ def cpu_run(device: str) -> bool:
 
 
 def _offload_keys(cfg: Any, role: Role, strategy: str) -> list[str]:
-    """The parameter-offload keys set to true in ``role``'s FSDP block (fsdp/fsdp2 only)."""
+    """The parameter-offload keys set to true in ``role``'s FSDP block (fsdp/fsdp2)."""
     if strategy not in ("fsdp", "fsdp2"):
         return []
     return [f"{role.fsdp}.{k}" for k in ("param_offload", "offload_policy") if get_key(cfg, f"{role.fsdp}.{k}")]
+
+
+def _cpu_offload_keys(cfg: Any, role: Role, strategy: str) -> list[str]:
+    """The parameter-offload keys of ``role`` that a CPU run leaves off (its engine's block)."""
+    if strategy == "megatron":
+        return [f"{role.megatron}.param_offload"] if get_key(cfg, f"{role.megatron}.param_offload") else []
+    return _offload_keys(cfg, role, strategy)
 
 
 def _check_offload(cfg: Any, role: Role, strategy: str) -> None:
@@ -207,7 +214,7 @@ def check_precision_and_offload(cfg: Any, uses_ref: bool, uses_critic: bool) -> 
     cpu_offload: list[str] = []
     for role in roles(cfg, uses_ref, uses_critic):
         strategy = get_key(cfg, role.strategy)
-        cpu_offload += _offload_keys(cfg, role, strategy) if cpu_run(cfg.trainer.device) else []
+        cpu_offload += _cpu_offload_keys(cfg, role, strategy) if cpu_run(cfg.trainer.device) else []
         _check_names(cfg, role)
         if strategy == "megatron":
             _check_megatron(cfg, role)

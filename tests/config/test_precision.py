@@ -125,3 +125,9 @@ def test_offload_on_a_gpu_run_does_not_warn(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     warnings = validate_config(load_config([f"{A}.strategy=fsdp2", f"{A}.fsdp_config.param_offload=true"]))
     assert not any("offload" in w for w in warnings), warnings
+
+
+def test_megatron_param_offload_on_a_cpu_run_is_the_same_warning():
+    warnings = validate_config(load_config(["trainer.device=cpu", *MEGATRON, f"{A}.megatron.param_offload=true"]))
+    offload = [w for w in warnings if "offload" in w]
+    assert len(offload) == 1 and f"{A}.megatron.param_offload=true on a CPU run" in offload[0], offload
