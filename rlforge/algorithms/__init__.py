@@ -52,7 +52,7 @@ from .policy_losses_extra import (
     compute_policy_loss_gspo,
     compute_policy_loss_sapo,
 )
-from .utils import masked_mean, masked_sum, masked_var, masked_whiten
+from .utils import apply_mask, masked_mean, masked_sum, masked_var, masked_whiten
 from .value_loss import compute_value_loss
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "kl_loss",
     "kl_penalty",
     "loss_agg_globals",
+    "apply_mask",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -28,7 +28,7 @@ from rlforge.errors import ConfigError
 from rlforge.registry import Registry
 
 from .groups import group_ids, grpo_normalized_scores, require_index
-from .utils import masked_whiten
+from .utils import apply_mask, masked_whiten, select_valid
 
 GRPO_EPS = 1e-6
 
@@ -44,6 +44,9 @@ class AdvantageInputs:
         index: (B,) group ids (the prompt ``uid`` strings); responses to one prompt share an id.
             Needed by group estimators (grpo, rloo, ...); None otherwise.
         values: (B, R) critic values V(s_t); needed by ``gae`` only.
+
+    ``token_level_rewards`` and ``values`` are set to 0 at masked positions when the object is
+    built (a NaN or inf there does not reach the scores, returns or whitening statistics).
         reward_baselines: (B,) reward of the greedy (argmax-decoded) response to the same prompt;
             needed by ``remax`` only (the trainer fills it in its ``gen_max`` stage).
     """
@@ -69,6 +72,10 @@ class AdvantageInputs:
             )
         if self.index is not None and len(self.index) != shape[0]:
             raise ValueError(f"index has {len(self.index)} entries for a batch of {shape[0]}")
+        # masked positions count 0 whatever they hold (a NaN there must not reach a score or a whitening)
+        self.token_level_rewards = select_valid(self.token_level_rewards, self.response_mask)
+        if self.values is not None:
+            self.values = select_valid(self.values, self.response_mask)
 
 
 AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor]]
@@ -109,12 +116,13 @@ def compute_gae_advantage_return(inputs: AdvantageInputs, config: Any) -> tuple[
         m = mask[:, t]
         delta = rewards[:, t] + gamma * next_values - values[:, t]
         gae_t = delta + gamma * lam * last_gae
-        # At a masked position keep the carried state unchanged.
-        next_values = m * values[:, t] + (1 - m) * next_values
-        last_gae = m * gae_t + (1 - m) * last_gae
+        # At a masked position keep the carried state unchanged (selected, so a NaN value there
+        # does not enter the state).
+        next_values = torch.where(m != 0, m * values[:, t] + (1 - m) * next_values, next_values)
+        last_gae = torch.where(m != 0, m * gae_t + (1 - m) * last_gae, last_gae)
         advantages[:, t] = last_gae
-    returns = (advantages + values) * mask
-    advantages = masked_whiten(advantages, mask) * mask
+    returns = apply_mask(advantages + values, mask)
+    advantages = apply_mask(masked_whiten(advantages, mask), mask)
     return advantages, returns
 
 
@@ -143,5 +151,5 @@ def compute_grpo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tupl
     scores = inputs.token_level_rewards.sum(dim=-1)
     gid = group_ids(index, scores.device)
     adv = grpo_normalized_scores(scores, gid, GRPO_EPS, bool(config.norm_adv_by_std_in_grpo))
-    advantages = adv.unsqueeze(-1) * mask
+    advantages = apply_mask(adv.unsqueeze(-1), mask)
     return advantages, advantages

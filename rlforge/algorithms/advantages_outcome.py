@@ -24,7 +24,7 @@ from rlforge.errors import ConfigError
 
 from .advantages import ADV_ESTIMATORS, GRPO_EPS, AdvantageInputs
 from .groups import group_count_mean_std, group_ids, group_sum, require_index
-from .utils import masked_whiten
+from .utils import apply_mask, masked_whiten
 
 
 def _scores_and_mask(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +36,7 @@ def _whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``masked_whiten(values, mask) * mask``; all zeros when fewer than 2 tokens are valid."""
     if float(mask.sum()) < 2:
         return torch.zeros_like(values)
-    return masked_whiten(values, mask) * mask
+    return apply_mask(masked_whiten(values, mask), mask)
 
 
 def _group_mean_singleton_zero(scores: torch.Tensor, gid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def compute_rloo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tupl
     n, mean = _group_mean_singleton_zero(scores, group_ids(index, scores.device))
     scale = torch.where(n > 1, n / (n - 1).clamp_min(1.0), torch.ones_like(n))
     adv = (scores - mean) * scale
-    advantages = adv.unsqueeze(-1) * mask
+    advantages = apply_mask(adv.unsqueeze(-1), mask)
     return advantages, advantages
 
 
@@ -97,8 +97,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     for t in reversed(range(rewards.shape[1])):
         running = rewards[:, t] + gamma * running
         returns[:, t] = running
-        running = running * mask[:, t]
-    returns = returns * mask
+        running = apply_mask(running, mask[:, t])
+    returns = apply_mask(returns, mask)
     return _whiten(returns, mask), returns
 
 
@@ -119,7 +119,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     index = require_index(inputs.index, "reinforce_plus_plus_baseline")
     scores, mask = _scores_and_mask(inputs)
     _, mean = _group_mean_singleton_zero(scores, group_ids(index, scores.device))
-    advantages = _whiten((scores - mean).unsqueeze(-1) * mask, mask)
+    advantages = _whiten(apply_mask((scores - mean).unsqueeze(-1), mask), mask)
     return advantages, advantages
 
 
@@ -147,9 +147,9 @@ def compute_remax_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tup
             "prompt (the trainer's gen_max stage); pass AdvantageInputs(reward_baselines=...)"
         )
     rewards, mask = inputs.token_level_rewards, inputs.response_mask.to(inputs.token_level_rewards.dtype)
-    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    returns = apply_mask(apply_mask(rewards, mask).flip(-1).cumsum(-1).flip(-1), mask)
     baselines = inputs.reward_baselines.to(rewards.dtype).unsqueeze(-1)
-    advantages = (returns - baselines) * mask
+    advantages = apply_mask(returns - baselines, mask)
     return advantages, returns
 
 
@@ -178,7 +178,7 @@ def compute_opo_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tuple
     len_sum = group_sum(lengths, gid)
     baseline = group_sum(lengths * scores, gid) / len_sum.clamp_min(1.0)
     baseline = torch.where((count == 1) | (len_sum == 0), torch.zeros_like(baseline), baseline)
-    advantages = (scores - baseline[gid]).unsqueeze(-1) * mask
+    advantages = apply_mask((scores - baseline[gid]).unsqueeze(-1), mask)
     return advantages, advantages
 
 
@@ -201,7 +201,7 @@ def compute_gpg_outcome_advantage(inputs: AdvantageInputs, config: Any) -> tuple
     _, mean = _group_mean_singleton_zero(scores, group_ids(index, scores.device))
     num_nonzero = float(torch.count_nonzero(scores))
     alpha = scores.shape[0] / max(num_nonzero, 1.0)
-    advantages = (alpha * (scores - mean)).unsqueeze(-1) * mask
+    advantages = apply_mask((alpha * (scores - mean)).unsqueeze(-1), mask)
     return advantages, advantages
 
 
@@ -243,5 +243,5 @@ def compute_grpo_passk_outcome_advantage(
         gap = gap / (std + GRPO_EPS)
     adv = torch.zeros_like(scores)
     adv[best] = gap
-    advantages = adv.unsqueeze(-1) * mask
+    advantages = apply_mask(adv.unsqueeze(-1), mask)
     return advantages, advantages

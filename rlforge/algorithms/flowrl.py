@@ -35,6 +35,7 @@ from rlforge.errors import ConfigError
 from .advantages import GRPO_EPS
 from .groups import group_ids, grpo_normalized_scores
 from .policy_losses import LOG_RATIO_CLAMP, POLICY_LOSSES, PolicyLossInputs, PolicyLossOutput
+from .utils import masked_sum
 
 FLOWRL_REWARDS = ("group_norm", "raw")
 """Allowed values of ``policy_loss.flowrl.reward``."""
@@ -106,17 +107,17 @@ def compute_policy_loss_flowrl(inputs: PolicyLossInputs, config: Any) -> PolicyL
     if log_z.shape[0] != batch:
         raise ValueError(f"log_z has {log_z.shape[0]} entries for a batch of {batch}; expected (B,)")
     lengths = mask.sum(dim=-1).clamp_min(1.0)
-    mean_log_prob = (inputs.log_prob * mask).sum(dim=-1) / lengths
+    mean_log_prob = masked_sum(inputs.log_prob, mask, dim=-1) / lengths
     r_hat = inputs.extra.get(REWARD_TARGET_KEY)  # the whole batch's, where the caller computed it
     if r_hat is None:
         r_hat = flowrl_reward_target(inputs.token_level_rewards, inputs.index, cfg.reward)
     r_hat = r_hat.to(mean_log_prob.dtype)
     delta = log_z + mean_log_prob - float(cfg.beta) * r_hat
     if cfg.use_ref:
-        delta = delta - (inputs.ref_log_prob.detach() * mask).sum(dim=-1) / lengths
+        delta = delta - masked_sum(inputs.ref_log_prob.detach(), mask, dim=-1) / lengths
 
     with torch.no_grad():
-        log_w = ((inputs.log_prob - inputs.old_log_prob) * mask).sum(dim=-1)
+        log_w = masked_sum(inputs.log_prob - inputs.old_log_prob, mask, dim=-1)
         w_raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         lo, hi = cfg.weight_clamp_min, cfg.weight_clamp_max
         w = w_raw if lo is None and hi is None else w_raw.clamp(min=lo, max=hi)

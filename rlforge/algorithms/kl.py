@@ -32,7 +32,7 @@ from rlforge.errors import ConfigError
 from rlforge.registry import Registry
 
 from .aggregation import agg_loss
-from .utils import masked_mean
+from .utils import apply_mask, masked_mean, select_valid
 
 KLFn = Callable[..., torch.Tensor]
 
@@ -103,9 +103,10 @@ def kl_loss(
 ) -> torch.Tensor:
     """Actor KL loss (``actor.use_kl_loss``): ``agg_loss(kl_penalty(...), mask, mode)``, scalar.
 
-    The actor multiplies it by ``actor.kl_loss_coef``.  Globals: see ``agg_loss``.
+    The actor multiplies it by ``actor.kl_loss_coef``.  Globals: see ``agg_loss``.  Masked
+    positions count 0 in the value and the gradient, whatever the log-probs hold there.
     """
-    kld = kl_penalty(log_prob, ref_log_prob, kl_loss_type)
+    kld = kl_penalty(select_valid(log_prob, response_mask), select_valid(ref_log_prob, response_mask), kl_loss_type)
     return agg_loss(
         kld,
         response_mask,
@@ -207,7 +208,7 @@ def apply_kl_penalty(
         ``actor/reward_kl_penalty_coeff``.
     """
     mask = response_mask.to(token_level_scores.dtype)
-    kld = KL_ESTIMATORS.get(kl_penalty)(log_prob=old_log_probs, ref_log_prob=ref_log_prob) * mask
+    kld = apply_mask(KL_ESTIMATORS.get(kl_penalty)(log_prob=old_log_probs, ref_log_prob=ref_log_prob), mask)
     beta = kl_ctrl.value
     token_level_rewards = token_level_scores - beta * kld
     current_kl = float(masked_mean(kld, mask, dim=-1).mean())

@@ -27,7 +27,7 @@ from rlforge.errors import ConfigError
 from rlforge.registry import Registry
 
 from .aggregation import agg_loss
-from .utils import masked_mean
+from .utils import masked_mean, select_valid
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -51,6 +51,13 @@ class PolicyLossInputs:
             grad (``flowrl`` only; the actor's log-Z head produces it).
         generator: RNG for losses that sample (``clip_cov``); None = torch's global RNG.
         extra: anything else a later loss needs, by name.
+
+    The (B, R) data without grad (``old_log_prob``, ``advantages``, ``ref_log_prob``,
+    ``token_level_rewards``) is set to 0 at the positions where ``response_mask`` is 0 when the
+    object is built (:func:`~rlforge.algorithms.utils.select_valid`): a NaN or inf there
+    (padding, a -inf log-prob from the rollout) reaches neither the loss nor the gradient of
+    ``log_prob``.  ``log_prob`` itself is kept as given (callers read its ``.grad``); the
+    losses' masked reductions keep a non-finite value of it at a masked position out of the loss.
     """
 
     old_log_prob: torch.Tensor
@@ -67,6 +74,13 @@ class PolicyLossInputs:
     log_z: torch.Tensor | None = None
     generator: torch.Generator | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        mask = self.response_mask
+        for name in ("old_log_prob", "advantages", "ref_log_prob", "token_level_rewards"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor) and value.shape == mask.shape:
+                setattr(self, name, select_valid(value, mask))
 
     def agg(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
         """Aggregate a (B, R) loss with this batch's mask and globals.

@@ -29,7 +29,7 @@ from .policy_losses import (
     PolicyLossOutput,
     clip_range,
 )
-from .utils import masked_mean
+from .utils import masked_mean, masked_sum
 
 GSPO_LOG_RATIO_MAX = 10.0
 """Upper clamp of GSPO's log sequence ratio before ``exp`` (verl's value)."""
@@ -62,7 +62,7 @@ def compute_policy_loss_gspo(inputs: PolicyLossInputs, config: Any) -> PolicyLos
     low, high = clip_range(config)
     adv, mask = inputs.advantages, inputs.response_mask
     log_ratio = inputs.log_prob - inputs.old_log_prob
-    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)
+    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(dim=-1).clamp_min(1.0)
     log_s = inputs.log_prob - inputs.log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     s = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
     loss_unclipped = -adv * s
@@ -147,8 +147,8 @@ def compute_policy_loss_geo_mean(inputs: PolicyLossInputs, config: Any) -> Polic
     x_clamped = x.clamp(-low, high)
     x_min = sgn * torch.minimum(sgn * x, sgn * x_clamped)
     lengths = mask.sum(dim=-1).clamp_min(1.0)
-    rho = torch.exp((x_min * mask).sum(dim=-1) / lengths)
-    seq_adv = (adv * mask).sum(dim=-1) / lengths
+    rho = torch.exp(masked_sum(x_min, mask, dim=-1) / lengths)
+    seq_adv = masked_sum(adv, mask, dim=-1) / lengths
     loss = inputs.seq_mean(-seq_adv * rho)
     with torch.no_grad():
         clipped = (x != x_clamped).float()

@@ -3,7 +3,10 @@
 Semantics follow verl's ``verl.utils.torch_functional`` (``masked_mean``, ``masked_var``,
 ``masked_whiten``).  Deviation: the denominators are clamped at a tiny positive number
 instead of adding ``1e-8``, so a mask of integer counts gives exact means and an all-zero
-mask gives 0 instead of NaN.
+mask gives 0 instead of NaN.  Masked positions are *selected* away (:func:`apply_mask`), not
+multiplied by 0: a NaN or inf there (padding after the end of a response, a log-prob of -inf
+at a token the sampler could not have drawn) does not reach the result or its gradient, as
+``0 * nan = nan`` would.
 """
 
 from __future__ import annotations
@@ -13,9 +16,37 @@ import torch
 _TINY = 1e-8
 
 
+def apply_mask(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values * mask`` where ``mask != 0`` and exactly 0 elsewhere, whatever ``values`` holds there.
+
+    Args:
+        values: any shape; masked positions may hold NaN or inf.
+        mask: broadcastable to ``values``; bool, or numbers (0 = masked, other values weigh).
+
+    Returns:
+        ``values``' shape, with the dtype ``values * mask`` has.  The gradient with respect to
+        ``values`` is 0 (not NaN) at masked positions.
+    """
+    keep = mask if mask.dtype == torch.bool else mask != 0
+    return torch.where(keep, values * mask, 0.0)
+
+
+def select_valid(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``mask != 0``, exactly 0 elsewhere (not weighted by the mask).
+
+    For the *inputs* of a per-token loss: a NaN or inf at a masked position would otherwise
+    give a NaN gradient there (``0 * d/dx f(nan) = nan``) even though :func:`apply_mask` keeps
+    it out of the loss value.  The gradient with respect to ``values`` is 0 at masked positions.
+    Shapes as :func:`apply_mask`; the dtype is ``values``'.
+    """
+    keep = mask if mask.dtype == torch.bool else mask != 0
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values * mask`` over ``dim`` (all elements when ``dim`` is None)."""
-    prod = values * mask
+    """Sum of ``values * mask`` over ``dim`` (all elements when ``dim`` is None); masked
+    positions count 0 even when ``values`` is NaN or inf there (:func:`apply_mask`)."""
+    prod = apply_mask(values, mask)
     return prod.sum() if dim is None else prod.sum(dim=dim)
 
 

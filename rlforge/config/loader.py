@@ -16,12 +16,14 @@ Aliases: ``optim.warmup_style`` (older verl) sets ``optim.lr_scheduler_type``.  
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -96,8 +98,10 @@ def _read_yaml(path: Path, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source}: file not found; check the path given to --config") from None
     except OSError as e:
         raise ConfigError(f"{source}: cannot read it: {_first_line(e)}") from None
+    except yaml.MarkedYAMLError as e:
+        raise ConfigError(yaml_error_message(e, source)) from None
     except Exception as e:  # yaml.YAMLError and OmegaConf's errors share no base class
-        raise ConfigError(f"{source}: not valid YAML: {_first_line(e)}") from None
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(e)}") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"{source}: expected a mapping of config keys at the top level, got a list")
     data = OmegaConf.to_container(loaded, resolve=False)
@@ -107,6 +111,37 @@ def _read_yaml(path: Path, source: str) -> dict[str, Any]:
             data.pop(key)
             warnings.warn(f"{source}: ignoring Hydra '{key}' block; rlforge has no config groups", ConfigWarning, 2)
     return data
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def yaml_error_message(e: yaml.MarkedYAMLError, source: str) -> str:
+    """One line for a YAML syntax error or duplicated key: ``source``, the line and column
+    (1-based) where the parser stopped, the cause, and where the enclosing construct began.
+
+    Example: ``config file 'job.yaml', line 3, column 3: duplicate key 'b' (the mapping starts at
+    line 2, column 3); keep one of them``.
+    """
+    problem = " ".join(str(e.problem or "invalid YAML").split())
+    where = _at(e.problem_mark) if e.problem_mark is not None else "unknown position"
+    duplicate = re.fullmatch(r"found duplicate key (.+)", problem)
+    if duplicate:
+        start = f" (the mapping starts at {_at(e.context_mark)})" if e.context_mark is not None else ""
+        return f"{source}, {where}: duplicate key '{duplicate.group(1)}'{start}; keep one of them"
+    context = ""
+    if e.context and not (e.context_mark is not None and e.problem_mark is not None
+                          and (e.context_mark.line, e.context_mark.column)
+                          == (e.problem_mark.line, e.problem_mark.column)):
+        started = f" started at {_at(e.context_mark)}" if e.context_mark is not None else ""
+        context = f" ({' '.join(str(e.context).split())}{started})"
+    return f"{source}, {where}: not valid YAML: {problem}{context}"
+
+
+def _one_line(e: BaseException) -> str:
+    """The whole message of ``e`` on one line."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _parse_override(override: str) -> dict[str, Any]:

@@ -17,9 +17,6 @@ one is trained), in the role's own blocks (``fsdp_config`` is ``critic.model.fsd
   for this reason ("it causes incorrect results when using grad accumulation") and reads
   ``offload_policy`` only under FSDP2.  Fix: ``strategy=fsdp2``, or ``optimizer_offload`` alone.
   The reference (no gradients) may offload under FSDP1.
-* ``param_offload`` / ``offload_policy`` with ``trainer.device=cpu`` (fsdp, fsdp2): the parameters
-  already are on the CPU, and FSDP's CPU offload needs an accelerator (it fails at the first
-  forward).  ``optimizer_offload`` on CPU is accepted (a no-op).
 * fp16 in a trained role (``fsdp_config.model_dtype``, ``mixed_precision.param_dtype`` or
   ``reduce_dtype``, ``megatron.dtype=float16``): fp16 gradients need loss scaling (a grad
   scaler), which rlforge does not implement, so small gradients flush to zero and large ones
@@ -30,6 +27,12 @@ one is trained), in the role's own blocks (``fsdp_config`` is ``critic.model.fsd
   ignored or fail at model build.
 
 Accepted on purpose:
+
+* ``param_offload`` / ``offload_policy`` on a CPU run (``trainer.device=cpu``, or ``auto`` on a
+  machine without a GPU; fsdp, fsdp2; ``megatron.param_offload`` likewise): there is nothing to offload to (the parameters already
+  are in host memory) and FSDP's CPU offload needs an accelerator (it pins memory), so the
+  engines run without it; ONE warning names every such key of the run.  ``optimizer_offload``
+  on CPU is a no-op (the optimizer state already is in host memory), without a warning.
 
 * ``offload_policy`` with ``strategy=fsdp`` where it cannot hurt (the reference, or one micro-batch
   per optimizer step): applied as FSDP1 ``CPUOffload``, like ``param_offload``, with a warning that
@@ -139,18 +142,38 @@ def _several_micro_batches(cfg: Any, role: Role) -> str | None:
     return None
 
 
-def _check_offload(cfg: Any, role: Role, strategy: str) -> None:
-    """CPU offload of FSDP1 under gradient accumulation, and any parameter offload on a CPU run."""
+def cpu_run(device: str) -> bool:
+    """Whether ``trainer.device`` runs on the CPU (``cpu``, or ``auto`` without a visible GPU)."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import torch  # lazily: the config package stays light
+
+    return not torch.cuda.is_available()
+
+
+def _offload_keys(cfg: Any, role: Role, strategy: str) -> list[str]:
+    """The parameter-offload keys set to true in ``role``'s FSDP block (fsdp/fsdp2)."""
     if strategy not in ("fsdp", "fsdp2"):
+        return []
+    return [f"{role.fsdp}.{k}" for k in ("param_offload", "offload_policy") if get_key(cfg, f"{role.fsdp}.{k}")]
+
+
+def _cpu_offload_keys(cfg: Any, role: Role, strategy: str) -> list[str]:
+    """The parameter-offload keys of ``role`` that a CPU run leaves off (its engine's block)."""
+    if strategy == "megatron":
+        return [f"{role.megatron}.param_offload"] if get_key(cfg, f"{role.megatron}.param_offload") else []
+    return _offload_keys(cfg, role, strategy)
+
+
+def _check_offload(cfg: Any, role: Role, strategy: str) -> None:
+    """CPU offload of FSDP1 under gradient accumulation.  Checked unless ``trainer.device=cpu`` (which
+    does not offload): with ``auto`` the same config will offload on a GPU machine."""
+    on = _offload_keys(cfg, role, strategy)
+    if not on or cfg.trainer.device == "cpu":
         return
-    on = [k for k in ("param_offload", "offload_policy") if get_key(cfg, f"{role.fsdp}.{k}")]
-    if not on:
-        return
-    keys = " and ".join(f"{role.fsdp}.{k}=true" for k in on)
-    if cfg.trainer.device == "cpu":
-        raise ConfigError(f"{keys} with trainer.device=cpu: the parameters already are on the CPU, and FSDP's CPU "
-                          f"offload needs an accelerator (it fails at the first forward); set "
-                          f"{' and '.join(f'{role.fsdp}.{k}=false' for k in on)}")
+    keys = " and ".join(f"{k}=true" for k in on)
     why = _several_micro_batches(cfg, role) if role.trained else None
     if strategy == "fsdp" and why is not None:
         raise ConfigError(
@@ -188,15 +211,17 @@ def check_precision_and_offload(cfg: Any, uses_ref: bool, uses_critic: bool) -> 
     """Raise :class:`ConfigError` for the first impossible or silently ignored combination (see
     the module docstring); return warning lines for the accepted-but-notable ones."""
     warnings: list[str] = []
+    cpu_offload: list[str] = []
     for role in roles(cfg, uses_ref, uses_critic):
         strategy = get_key(cfg, role.strategy)
+        cpu_offload += _cpu_offload_keys(cfg, role, strategy) if cpu_run(cfg.trainer.device) else []
         _check_names(cfg, role)
         if strategy == "megatron":
             _check_megatron(cfg, role)
         _check_offload(cfg, role, strategy)
         if role.trained:
             _check_fp16(cfg, role, strategy)
-        if strategy == "fsdp" and get_key(cfg, f"{role.fsdp}.offload_policy"):
+        if strategy == "fsdp" and get_key(cfg, f"{role.fsdp}.offload_policy") and not cpu_run(cfg.trainer.device):
             warnings.append(f"{role.fsdp}.offload_policy=true with {role.strategy}=fsdp: verl reads offload_policy "
                             "only with strategy=fsdp2 and ignores it for an FSDP1 actor; rlforge applies it as FSDP1 "
                             "CPUOffload (parameters, gradients and the optimizer step on CPU), as param_offload=true")
@@ -206,4 +231,8 @@ def check_precision_and_offload(cfg: Any, uses_ref: bool, uses_critic: bool) -> 
             warnings.append(f"{role.fsdp}.model_dtype=bf16 keeps the {role.name}'s master weights in bf16, which "
                             f"rounds away an update smaller than ~2^-9 of the weight: with {role.optim}.lr={lr:g} "
                             "most updates are lost. Use model_dtype=fp32 (bf16 compute comes from mixed_precision)")
+    if cpu_offload:
+        warnings.append(f"{', '.join(f'{k}=true' for k in cpu_offload)} on a CPU run (trainer.device="
+                        f"{cfg.trainer.device}): nothing to offload to, the parameters already are in host memory; "
+                        "running without offload")
     return warnings

@@ -42,7 +42,7 @@ from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, clean_name, decoder_layers
 from rlforge.engine.base import ENGINES
 from rlforge.engine.fsdp2 import FORWARD_METHODS
-from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dtype
+from rlforge.engine.sharded import ShardedEngine, cpu_offload_applies, mixed_precision_dtypes, to_dtype
 
 
 def _strategy(mesh: DeviceMesh, reshard_after_forward: bool) -> ShardingStrategy:
@@ -70,7 +70,7 @@ def wrap_fsdp1(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.device, me
     else:
         policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: m in layers)
     param_dtype, reduce_dtype, buffer_dtype = mixed_precision_dtypes(fsdp_cfg, device)
-    offload = bool(fsdp_cfg.param_offload or fsdp_cfg.offload_policy)
+    offload = cpu_offload_applies(fsdp_cfg, device)  # off on a CPU device: nothing to offload to
     if not offload:
         module.to(device)
     return FullyShardedDataParallel(

@@ -5,10 +5,13 @@ Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED mod
 1. dtype of the master parameters (``fsdp_config.model_dtype``, default fp32);
 2. activation checkpointing / offload wrappers on each decoder layer
    (:mod:`rlforge.engine.activation`);
-3. ``fully_shard`` on each decoder layer, then on the root, with
-   ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
+3. ``fully_shard`` on each decoder layer, on each module marked ``keep_fp32`` (FlowRL's log Z
+   head: its own unit with master weights and compute in float32, whatever the compute dtype),
+   then on the root, with ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
    ``reshard_after_forward`` and ``CPUOffloadPolicy`` when ``param_offload`` or
-   ``offload_policy``; mesh: 1-D over all ranks, or 2-D (replicate × shard) for HSDP when
+   ``offload_policy`` on an accelerator (on a CPU device there is nothing to offload to, and
+   the offload policy would pin memory, which needs an accelerator: it is left off; the config
+   check warns once); mesh: 1-D over all ranks, or 2-D (replicate × shard) for HSDP when
    ``0 < fsdp_size < world``.  The root unit (embeddings, final norm, LM head) is never
    resharded after forward (FSDP2's own default for the root: backward starts with the head
    and would all-gather it again at once); the chunked LM-head log-probs
@@ -51,7 +54,7 @@ from rlforge.batch import Batch
 from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, decoder_layers
 from rlforge.engine.base import ENGINES, ForwardFn
-from rlforge.engine.sharded import ShardedEngine, mixed_precision_dtypes, to_dtype
+from rlforge.engine.sharded import ShardedEngine, cpu_offload_applies, mixed_precision_dtypes, to_dtype
 
 FORWARD_METHODS = ("forward_with_log_z", "hidden_with_log_z")
 """Methods besides ``forward`` that callers invoke on the root (``PolicyWithLogZ``); FSDP2
@@ -62,8 +65,11 @@ def parallelize_fsdp2(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.dev
                       checkpointing: bool = False, activation_offload: bool = False) -> nn.Module:
     """Steps 1–4 of the module docstring, in place; returns ``module`` (now an ``FSDPModule``)."""
     module.to(dtype=to_dtype(fsdp_cfg.model_dtype, "fsdp_config.model_dtype"))
+    fp32_units = [m for m in module.modules() if getattr(m, "keep_fp32", False)]
+    for unit in fp32_units:
+        unit.to(dtype=torch.float32)
     apply_activation_wrappers(module, checkpointing, activation_offload)
-    offload = bool(fsdp_cfg.param_offload or fsdp_cfg.offload_policy)
+    offload = cpu_offload_applies(fsdp_cfg, device)
     if not offload:
         module.to(device)
     param_dtype, reduce_dtype, _ = mixed_precision_dtypes(fsdp_cfg, device)
@@ -76,6 +82,9 @@ def parallelize_fsdp2(module: nn.Module, fsdp_cfg: FSDPConfig, device: torch.dev
     layers = decoder_layers(module)
     for layer in layers:
         fully_shard(layer, **kw)
+    fp32_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    for unit in fp32_units:
+        fully_shard(unit, **{**kw, "mp_policy": fp32_policy})
     fully_shard(module, **{**kw, "reshard_after_forward": None})  # None: the root keeps its params until backward
     for name in FORWARD_METHODS:
         if callable(getattr(module, name, None)):

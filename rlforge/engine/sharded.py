@@ -78,6 +78,13 @@ def mixed_precision_dtypes(fsdp_cfg: Any, device: torch.device) -> tuple[torch.d
             to_dtype(mp.get("buffer_dtype", "fp32"), f"{key}.buffer_dtype"))
 
 
+def cpu_offload_applies(fsdp_cfg: Any, device: torch.device) -> bool:
+    """Whether ``param_offload``/``offload_policy`` take effect: set, and the compute device is an
+    accelerator (a CPU run already keeps everything in host memory;
+    :func:`rlforge.config.precision.check_precision_and_offload` warns about it)."""
+    return bool(fsdp_cfg.param_offload or fsdp_cfg.offload_policy) and device.type != "cpu"
+
+
 def build_param_groups(module: nn.Module, spec: ParamGroupSpec | None, base_lr: float) -> list[Any]:
     """Trainable parameters of the sharded ``module`` as optimizer groups (see :data:`ParamGroupSpec`)."""
     if spec is None:
@@ -148,7 +155,7 @@ class ShardedEngine(TrainEngine):
         self.module = self._shard(module, cfg, gradient_checkpointing, activation_offload)
         self.grad_clip = grad_clip
         self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
-        if self.optimizer is not None and cfg.optimizer_offload and not (cfg.param_offload or cfg.offload_policy):
+        if self.optimizer is not None and cfg.optimizer_offload and not cpu_offload_applies(cfg, device):
             self.offloaded = OffloadedOptimizer(self.optimizer, device)
 
     def _shard(self, module: nn.Module, cfg: Any, gradient_checkpointing: bool, activation_offload: bool) -> nn.Module:

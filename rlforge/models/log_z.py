@@ -18,9 +18,19 @@ from torch import nn
 class LogZHead(nn.Module):
     """MLP ``hidden_size -> width -> width -> 1`` (GELU), float32.
 
-    Input ``(batch, hidden_size)``; output ``(batch,)`` log Z in nats.  The last layer starts
-    at zero so log Z(x) = 0 at initialisation.
+    Input ``(batch, hidden_size)`` of any float dtype (bf16 hidden states under mixed
+    precision); output ``(batch,)`` float32 log Z in nats.  The last layer starts at zero so
+    log Z(x) = 0 at initialisation.
+
+    The head stays float32 under mixed precision: :attr:`keep_fp32` asks the engines to keep
+    its parameters and its compute in float32 (FSDP2 gives it its own unit with a float32
+    policy; the forward turns autocast off and casts the input to the weights' dtype).  A
+    bf16 log Z would round a value of 20 nats to 0.125, the size of the reward terms it must
+    balance.
     """
+
+    keep_fp32 = True
+    """Engines keep this module's parameters and compute in float32 whatever the mixed precision."""
 
     def __init__(self, hidden_size: int, width: int) -> None:
         super().__init__()
@@ -33,7 +43,9 @@ class LogZHead(nn.Module):
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         # a new tensor, not a view of the [batch, 1] output: FSDP2 hooks its pre-backward on the
         # root's outputs, and an in-place op on a returned view would drop that hook
-        return self.net(pooled.float()).squeeze(-1).clone()
+        with torch.autocast(pooled.device.type, enabled=False):
+            out = self.net(pooled.to(self.net[0].weight.dtype))
+        return out.float().squeeze(-1).clone()
 
 
 class PolicyWithLogZ(nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_penalty
+from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_loss
 from rlforge.algorithms.flowrl import REWARD_TARGET_KEY, flowrl_reward_target
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
@@ -134,8 +134,7 @@ class Actor(LogProbModel):
                 ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, **glob)
                 loss = loss - cfg.entropy_coeff * ent_loss
             if cfg.use_kl_loss:
-                kl = kl_penalty(logp, mb["ref_log_prob"], cfg.kl_loss_type)
-                kl_term = agg_loss(kl, mask, cfg.loss_agg_mode, **glob)
+                kl_term = kl_loss(logp, mb["ref_log_prob"], mask, cfg.kl_loss_type, cfg.loss_agg_mode, **glob)
                 loss = loss + cfg.kl_loss_coef * kl_term
                 metrics["kl_loss"] = kl_term.detach()
                 metrics["kl_coef"] = float(cfg.kl_loss_coef)

@@ -178,7 +178,8 @@ def test_later_work_rows_fire_only_when_set() -> None:
     base = load_config(job="default")
     assert validate_config(base) == []
     cfg = load_config(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-                       "actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=8"],
+                       "actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=8",
+                       "trainer.device=cuda"],  # a GPU run: on a CPU run param_offload warns (nothing to offload to)
                       job="default")
     warnings = validate_config(cfg)
     assert any(w.startswith("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2") for w in warnings)

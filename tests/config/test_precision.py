@@ -49,11 +49,6 @@ MEGATRON = [f"{A}.strategy=megatron", "trainer.n_gpus_per_node=2"]
         (["algorithm.adv_estimator=gae", "critic.strategy=fsdp", "critic.model.fsdp_config.param_offload=true",
           "critic.ppo_micro_batch_size_per_gpu=4"],
          ["critic.model.fsdp_config.param_offload=true with critic.strategy=fsdp", "the critic would silently"]),
-        # CPU offload on a CPU run fails at the first forward
-        (["trainer.device=cpu", f"{A}.strategy=fsdp2", f"{A}.fsdp_config.param_offload=true"],
-         [f"{A}.fsdp_config.param_offload=true with trainer.device=cpu", f"set {A}.fsdp_config.param_offload=false"]),
-        (["trainer.device=cpu", f"{A}.use_kl_loss=true", "actor_rollout_ref.ref.fsdp_config.param_offload=true"],
-         ["actor_rollout_ref.ref.fsdp_config.param_offload=true with trainer.device=cpu"]),
     ],
 )
 def test_refused(overrides, needles):
@@ -89,13 +84,50 @@ def test_accepted(overrides):
 
 
 def test_offload_policy_with_fsdp1_is_applied_with_a_warning():
-    warnings = validate_config(load_config([f"{A}.strategy=fsdp", f"{A}.fsdp_config.offload_policy=true"]))
+    warnings = validate_config(load_config(["trainer.device=cuda", f"{A}.strategy=fsdp", f"{A}.fsdp_config.offload_policy=true"]))
     assert any(w.startswith(f"{A}.fsdp_config.offload_policy=true with {A}.strategy=fsdp") and "CPUOffload" in w
                for w in warnings), warnings
     assert not any("offload_policy" in w for w in validate_config(
-        load_config([f"{A}.strategy=fsdp2", f"{A}.fsdp_config.offload_policy=true"])))
+        load_config(["trainer.device=cuda", f"{A}.strategy=fsdp2", f"{A}.fsdp_config.offload_policy=true"])))
 
 
 def test_bf16_master_weights_at_a_small_lr_warn():
     warnings = validate_config(load_config([f"{A}.fsdp_config.model_dtype=bf16", f"{A}.optim.lr=1e-6"]))
     assert any(w.startswith(f"{A}.fsdp_config.model_dtype=bf16") and "lr=1e-06" in w for w in warnings), warnings
+
+
+REF = "actor_rollout_ref.ref.fsdp_config"
+
+
+@pytest.mark.parametrize(("device", "cuda"), [("cpu", True), ("auto", False)])
+def test_offload_on_a_cpu_run_is_one_warning(monkeypatch, device, cuda):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for strategy in ("fsdp", "fsdp2"):
+        warnings = validate_config(load_config([
+            f"trainer.device={device}", f"{A}.strategy={strategy}", f"{A}.fsdp_config.param_offload=true",
+            f"{A}.fsdp_config.offload_policy=true", f"{A}.use_kl_loss=true", f"{REF}.param_offload=true",
+            f"{A}.fsdp_config.optimizer_offload=true",
+        ]))
+        offload = [w for w in warnings if "offload" in w]
+        assert len(offload) == 1, offload
+        for key in (f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.offload_policy=true",
+                    f"{REF}.param_offload=true"):
+            assert key in offload[0]
+        assert "optimizer_offload" not in offload[0]  # a no-op on CPU, not worth a line
+        assert "CPU run" in offload[0] and "running without offload" in offload[0]
+
+
+def test_offload_on_a_gpu_run_does_not_warn(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    warnings = validate_config(load_config([f"{A}.strategy=fsdp2", f"{A}.fsdp_config.param_offload=true"]))
+    assert not any("offload" in w for w in warnings), warnings
+
+
+def test_megatron_param_offload_on_a_cpu_run_is_the_same_warning():
+    warnings = validate_config(load_config(["trainer.device=cpu", *MEGATRON, f"{A}.megatron.param_offload=true"]))
+    offload = [w for w in warnings if "offload" in w]
+    assert len(offload) == 1 and f"{A}.megatron.param_offload=true on a CPU run" in offload[0], offload
