@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Correctness checks on the device machine (issue 37): every algorithm one step on CUDA, FlowRL vs GRPO
+# (benchmarks/distribution_matching.py) on the GPU, and the CUDA test files. Run from the repository root:
+#
+#   bash benchmarks/plans/gpu_checks.sh "STEP STEP ..."     # steps: algos dm cuda; logs under $OUT
+#
+# Needs, carried: .whl/ (omegaconf, antlr4-python3-runtime, tensordict, pyvers, gguf) and .tok/ (a saved
+# tokenizer, for the tests that read RLFORGE_TEST_TOKENIZER).
+set -u
+REPO=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "$REPO"/.whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PYTEST="python3 -m pytest -q -p no:cacheprovider -rs"
+
+step_algos() {
+  timeout -k 5 200 $PYTEST tests/algorithms/test_algorithms_cuda.py tests/models/test_log_z_mixed_precision.py \
+    --durations=5 > "$OUT/algos.txt" 2>&1
+}
+step_dm() {  # FlowRL vs GRPO on the three-mode target, on the GPU (trainer.device=auto)
+  for s in ${DM_SEEDS:-1}; do
+    timeout -k 5 ${DM_LIMIT:-200} python3 benchmarks/distribution_matching.py --seed "$s" --plot "" \
+      > "$OUT/dm_seed$s.txt" 2>&1
+  done
+}
+step_cuda() {  # the CUDA test files of the engine, the rollout and the reward models
+  timeout -k 5 ${CUDA_LIMIT:-200} $PYTEST tests/engine/test_engine_cuda.py tests/rollout/test_native_cuda.py \
+    tests/rollout/test_split_kv_cuda.py tests/rewards/test_model_reward_cuda.py > "$OUT/cuda.txt" 2>&1
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+for s in ${1:-algos dm cuda}; do
+  t0=$SECONDS; "step_$s"; echo "step $s: rc=$? $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+done
+for f in "$OUT"/*.txt; do echo "== $f"; tail -25 "$f"; done
