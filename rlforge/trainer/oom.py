@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rlforge.config.later_work import get_key
+from rlforge.config.common import get_key
 from rlforge.errors import DeviceOutOfMemory
 
 GiB = float(2**30)
