@@ -239,7 +239,7 @@ def summarize_rlforge(rows: list[dict[str, Any]], wl: Workload) -> dict[str, Any
     step_s = sum(r["timing_s/step"] for r in measured)
     tokens = sum(r["perf/total_num_tokens"] for r in measured)
     gen_s = sum(r.get("timing_s/gen", 0.0) for r in measured)
-    from rlforge.perf.report import STEP_STAGES
+    from rlforge.perf.run_data import STEP_STAGES
 
     found = {k.removeprefix("timing_s/") for r in measured for k in r if k.startswith("timing_s/")} - {"step"}
     stages = sorted(found, key=lambda s: STEP_STAGES.index(s) if s in STEP_STAGES else len(STEP_STAGES))

@@ -328,44 +328,21 @@ def _attention_rows(name: str, h: int, kvh: int, d: int, bw: Bandwidths, b: int,
         _kernel_row(f"decode attention triton {label}", shape, call(paged_decode_attention, **kw), nbytes, bw)
 
 
-def layer_variant(text: str) -> dict:
-    """``WARPS[/TILE]`` (e.g. ``8/256``) -> the :class:`DecodeLayerKernel` options ``num_warps`` and
-    ``attention_tile`` (default 128)."""
-    parts = text.split("/")
-    if not 1 <= len(parts) <= 2 or not all(x.isdigit() for x in parts):
-        raise argparse.ArgumentTypeError(f"a layer kernel variant is WARPS[/TILE], got {text!r}")
-    return {"num_warps": int(parts[0]), "attention_tile": int(parts[1]) if len(parts) > 1 else 128}
-
-
-def _variant_label(v: dict) -> str:
-    return f"layer kernel, {v['num_warps']} warps, attention tile {v['attention_tile']}"
-
-
-def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None, layer_warps: dict | None = None):
+def _captured_step(model, cache, b: int, ctx: int, bs: int, splits_patch=None):
     """A captured whole decode step (:class:`DecodeGraphs` of the model runner) at ``b`` rows of
     ``ctx`` cached tokens behind shuffled block tables, and the split choice it was captured
-    with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1).
-    ``layer_warps``: None = the per-op layers; else the persistent layer kernel
-    (:mod:`rlforge.rollout.native.triton_decode_layer`) with these options (:func:`layer_variant`), at any
-    batch up to its :data:`MAX_ROWS` (the runner's own limit is raised to it for the capture)."""
+    with; ``splits_patch`` replaces :func:`auto_num_splits` for the capture (e.g. always 1)."""
     from unittest import mock
 
-    import rlforge.rollout.native.model_runner as mr
     import rlforge.rollout.native.triton_attention as ta
-    import rlforge.rollout.native.triton_decode_layer as tdl
     from rlforge.rollout.native.cuda_graph import DecodeGraphs
     from rlforge.rollout.native.model_runner import ModelRunner
 
     per_row = -(-(ctx + 1) // bs)
-    runner = ModelRunner(model, cache, "triton", layer_kernel=layer_warps is not None)
-    if layer_warps is not None:
-        for key, value in layer_warps.items():
-            setattr(runner.layer_kernel, key, value)
+    runner = ModelRunner(model, cache, "triton")
     with contextlib.ExitStack() as stack:
         if splits_patch:
             stack.enter_context(mock.patch.object(ta, "auto_num_splits", splits_patch))
-        if layer_warps is not None:
-            stack.enter_context(mock.patch.object(mr, "LAYER_KERNEL_MAX_ROWS", tdl.MAX_ROWS))
         splits = ta.auto_num_splits(b, runner.spec.num_kv_heads, per_row * bs, torch.device("cuda"))
         graphs = DecodeGraphs(runner, [b], per_row, b * per_row * bs)
         buf = graphs.buf
@@ -474,13 +451,10 @@ def attention_sweep(bw: Bandwidths) -> None:
         torch.cuda.empty_cache()
 
 
-def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20,
-                 layer_warps: tuple[dict, ...] = ()) -> None:
+def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwidths, replays: int = 20) -> None:
     """Where one captured decode step's time goes: each model in ``names`` at each batch in
     ``sizes`` x ``ctx`` context, the step timed (CUDA events), then ``replays`` replays under
-    torch.profiler, their kernels summed per name and divided by ``replays`` (us per step).
-    Each step is the per-op layers, then the persistent layer kernel with each of ``layer_warps``'s
-    options (:func:`layer_variant`; batches up to its ``MAX_ROWS``)."""
+    torch.profiler, their kernels summed per name and divided by ``replays`` (us per step)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity
@@ -489,17 +463,16 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
     for name in names:
         model = build(name)
         cost = ModelCost.of(model)
-        for b, warps in [(n, w) for n in sizes for w in (None, *(layer_warps if n <= 16 else ()))]:
+        for b in sizes:
             cache = _step_cache(model, b, ctx)
             try:
-                graphs, splits = _captured_step(model, cache, b, ctx, 16, layer_warps=warps)
-            except Exception as e:  # noqa: BLE001 - one variant fails, the others still run
+                graphs, splits = _captured_step(model, cache, b, ctx, 16)
+            except Exception as e:  # noqa: BLE001 - one size fails, the others still run
                 traceback.print_exc(limit=4)
-                print(f"\n### decode step {name} B={b} layer kernel warps={warps}: failed: {type(e).__name__}: {e}")
+                print(f"\n### decode step {name} B={b}: failed: {type(e).__name__}: {e}")
                 del cache
                 torch.cuda.empty_cache()
                 continue
-            label = "per-op layers" if warps is None else _variant_label(warps)
             t = cuda_time(lambda g=graphs, b=b: g.replay(b), 10)
             floor = step_floor(cost, b, ctx + 1, bw.spec)
             with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -513,7 +486,7 @@ def step_profile(names: list[str], sizes: tuple[int, ...], ctx: int, bw: Bandwid
                     per[ev.name[:90]][1] += ev.device_time
             busy = sum(v[1] for v in per.values()) / replays
             n = sum(v[0] for v in per.values()) / replays
-            print(f"\n### decode step {name} B={b} ctx={ctx} {label} splits={splits}: {t * 1e6:.0f} us/step (floor "
+            print(f"\n### decode step {name} B={b} ctx={ctx} splits={splits}: {t * 1e6:.0f} us/step (floor "
                   f"{floor * 1e6:.0f} us, frac {floor / t:.2f}); kernels {n:.0f}/step, busy {busy:.0f} us/step, "
                   f"gaps {t * 1e6 - busy:.0f} us/step", flush=True)
             print("| kernel | calls/step | us/step | us/call | % busy |\n|---|---|---|---|---|")
@@ -617,9 +590,6 @@ def _args() -> argparse.Namespace:
                     help="time decode attention launch settings (splits, pages per tile, warps) in CUDA graphs and exit")
     ap.add_argument("--step-sizes", type=_positive, nargs="+", default=[1, 16, 64],
                     help="batch sizes for --step-profile (contexts: 8k, or 512 from batch 256 up)")
-    ap.add_argument("--layer-warps", type=layer_variant, nargs="*", default=[],
-                    help="--step-profile: also time the persistent decode layer kernel with these options, each "
-                         "WARPS[/TILE] (e.g. 8/256: 8 warps, 256-token attention tiles)")
     ap.add_argument("--step-profile", action="store_true",
                     help="profile whole captured decode steps (--kernel-step-models at B=1,16,64 x 8k) and exit")
     ap.add_argument("--profile", action="store_true", help="profile one native run of the first model and exit")
@@ -786,8 +756,7 @@ def main() -> None:
     if args.step_profile:
         print(bw.line(), flush=True)
         for b in args.step_sizes:
-            step_profile(args.kernel_step_models, (b,), 512 if b >= 256 else 8192, bw,
-                         layer_warps=tuple(args.layer_warps))
+            step_profile(args.kernel_step_models, (b,), 512 if b >= 256 else 8192, bw)
         return
     if args.attention_sweep:
         print(bw.line(), flush=True)

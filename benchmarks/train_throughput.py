@@ -24,13 +24,14 @@ Rows (``--rows``):
   dyn-ckpt    dyn with gradient checkpointing
   dyn-offload dyn with activation offload
   dyn-ckpt-offload  both
-  fsdp2-dyn   dyn through the FSDP2 engine (on 1 GPU, or on every GPU under torchrun); the
-              engine ``rlforge train`` builds for ``strategy=fsdp2``, on one device too
-  fsdp2-dyn-ckpt  the same with gradient checkpointing
+  Every row runs the FSDP2 engine (on 1 GPU, or on every GPU under torchrun): the engine
+  ``rlforge train`` builds for ``strategy=fsdp2``, on one device too.  An ``fsdp2-`` prefix
+  (``fsdp2-dyn``, as in older command lines) changes nothing; the rows without it ran the
+  single-process engine, since removed, in the dated log before 2026-12-03.
   Further ``-`` tokens (any order) on any row: ``ckpt`` gradient checkpointing, ``offload``
   activation offload, ``compile`` regional torch.compile of each layer's MLP and norms
-  (``actor.use_torch_compile``), ``optoff`` optimizer offload (``fsdp_config.optimizer_offload``,
-  fsdp2 rows), ``nopf`` FSDP2 without explicit prefetch, ``nrs`` FSDP2 with
+  (``actor.use_torch_compile``), ``optoff`` optimizer offload (``fsdp_config.optimizer_offload``),
+  ``nopf`` FSDP2 without explicit prefetch, ``nrs`` FSDP2 with
   ``fsdp_config.reshard_after_forward=false``, ``liger`` liger-kernel's RMSNorm/SwiGLU/RoPE
   (``model.use_liger``; its RoPE patch is process-wide, so put ``liger`` rows last), ``torchhead``
   the chunked head's plain-torch chunks (``fused_kernel_options.impl_backend=torch``; the other rows
@@ -72,7 +73,7 @@ from rlforge.roles.fused_head import set_impl_backend
 from rlforge.rollout.base import assemble
 
 PROMPT_LEN = 128
-DEFAULT_ROWS = "fixed-2,fixed-4,fixed-8,fixedrm-4,fixedrm-8,dyn,dyn-ckpt,dyn-offload,dyn-ckpt-offload,fsdp2-dyn"
+DEFAULT_ROWS = "fixed-2,fixed-4,fixed-8,fixedrm-4,fixedrm-8,dyn,dyn-ckpt,dyn-offload,dyn-ckpt-offload"
 
 
 def response_lengths(n: int, seed: int) -> list[int]:
@@ -171,7 +172,7 @@ def run_row(row: str, head: str, base_model: torch.nn.Module, batch: Batch, args
     dyn = "dyn" in parts
     remove_padding = dyn or parts[0] == "fixedrm"
     micro = int(parts[1]) if parts[0] in ("fixed", "fixedrm") else len(batch)
-    name = "fsdp2" if row.startswith("fsdp2") else "local"
+    name = "fsdp2"  # every row: the engine `rlforge train` builds for strategy=fsdp2, on one device too
     module = copy.deepcopy(base_model)
     if remove_padding and args.attn:
         set_attention(module, args.attn)

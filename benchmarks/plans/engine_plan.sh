@@ -135,7 +135,7 @@ step_pg() {  # use_prefix_grouper off / on, rlforge only, 0.5B and 1.5B, issue 1
 }
 step_mem() {  # allocated memory between steps: 0.5B rlforge only, 10 measured steps, small workload
   timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
-    tests/rollout/test_split_kv_cuda.py tests/rollout/test_decode_layer_kernel.py tests/engine/test_engine_cuda.py \
+    tests/rollout/test_split_kv_cuda.py tests/engine/test_engine_cuda.py \
     > "$P/mem_tests.txt" 2>&1
   timeout -k 10 300 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \
     --prompts 16 --n 8 --response-len 256 --steps 10 --warmup 1 --reps 1 --out "$P/mem" > "$P/mem.txt" 2>&1

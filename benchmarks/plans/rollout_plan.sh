@@ -43,12 +43,6 @@
 #   ovl3      (~3 min)  ovl2's x1024 rows only
 #   ssweep    (~1 min)  benchmarks/sampler_bench.py --sweep: the sampler's tile size x warps at B=256 and 1024
 #   ovl7b     (~4 min)  7B random x1024 at max_num_seqs 1024 and 256, median of 3, overlapped steps on
-#   lk        (~5 min)  the decode layer kernel's CUDA tests and the engine's; captured decode steps, per-op layers
-#                       beside the layer kernel (4 and 8 warps), 0.5B and 7B at B=1, 16, 32, 64 x 8k
-#   lkph      (~5 min)  the engine's CUDA tests (layer kernel off by default), then each layer-kernel phase alone
-#   lk2       (~6 min)  the layer kernel's CUDA tests; 4 warps / 128-token and 8 warps / 256-token attention tiles:
-#                       one launch and attention alone at B=16 x 8k; captured 0.5B decode steps at B=1 and 16 x 8k
-#   lkrun     (~4 min)  native only, median of 3: the long tail, and 0.5B random x1024 (warm engine)
 # Every call waits until the plan is done or WAIT_S (default 570) seconds have passed, then copies what is
 # written so far into $OUT/rollout_plan.tgz and prints each log's table.  A failing row prints 'failed: reason';
 # a step stopped by its time limit prints the table of the rows it measured.
@@ -71,7 +65,7 @@ setup() {
 step_tests() {
   timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
     tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
-    tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py tests/rollout/test_decode_layer_kernel.py \
+    tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py \
     > "$P/tests.txt" 2>&1
 }
 step_kernels() {
@@ -220,35 +214,6 @@ step_ovl7b() {  # the 7B whole-run rows (median of 3) at max_num_seqs 1024 and 2
   timeout -k 30 220 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \
     --big-max-num-seqs 1024 256 --native-reps 3 --max-num-batched-tokens 32768 --json "$P/ovl7b.json" \
     > "$P/ovl7b.txt" 2>&1
-}
-step_lk() {  # the persistent decode layer kernel: its CUDA tests and the engine's, then captured decode steps
-  # (0.5B and 7B at B=1, 16, 32, 64 x 8k): per-op layers beside the layer kernel at 4 and 8 warps per program
-  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_decode_layer_kernel.py \
-    tests/rollout/test_native_cuda.py tests/rollout/test_split_kv_cuda.py > "$P/lk_tests.txt" 2>&1
-  timeout -k 5 300 python3 "$RT" --step-profile --step-sizes 1 16 32 64 --layer-warps 4/128 8/128 > "$P/lk_steps.txt" 2>&1
-}
-step_lkph() {  # the engine's CUDA tests with the layer kernel off by default, then each phase of the layer kernel
-  # timed alone (benchmarks/layer_phases.py, 0.5B at B=16 and 1 x 8k)
-  timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
-    tests/rollout/test_decode_layer_kernel.py > "$P/lkph_tests.txt" 2>&1
-  timeout -k 5 120 python3 benchmarks/layer_phases.py --batch 16 --variants 4/128 8/128 > "$P/lkph16.txt" 2>&1
-  timeout -k 5 90 python3 benchmarks/layer_phases.py --batch 1 --variants 4/128 > "$P/lkph1.txt" 2>&1
-}
-step_lk2() {  # the layer kernel's variants: CUDA tests, one launch and attention alone per variant (B=16 x 8k),
-  # then captured 0.5B decode steps (B=1, 16 x 8k) beside the per-op layers
-  timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_decode_layer_kernel.py \
-    > "$P/lk2_tests.txt" 2>&1
-  timeout -k 5 200 python3 benchmarks/layer_phases.py --batch 16 --phases all 1 --variants 4/128 8/256 > "$P/lk2_ph.txt" 2>&1
-  timeout -k 5 240 python3 "$RT" --step-profile --step-sizes 1 16 --kernel-step-models qwen2.5-0.5b \
-    --layer-warps 4/128 8/256 > "$P/lk2_steps.txt" 2>&1
-}
-step_lkrun() {  # whole runs with the layer kernel on (its default): the long tail and 0.5B random x1024 (warm
-  # engine), native only, median of 3
-  timeout -k 10 150 python3 "$RT" --models qwen2.5-0.5b --workloads longtail --skip-grpo --longtail-hf-setups "" \
-    --variants triton-graph --native-reps 3 --json "$P/lkrun_lt.json" > "$P/lkrun_lt.txt" 2>&1
-  timeout -k 30 200 python3 "$RT" --models qwen2.5-0.5b --workloads random --skip-grpo --hf-setups "" \
-    --variants triton-graph-warm --native-reps 3 --max-num-batched-tokens 32768 --json "$P/lkrun.json" \
-    > "$P/lkrun.txt" 2>&1
 }
 step_big() {
   timeout -k 60 300 python3 "$RT" --models qwen2.5-7b --hf-models --workloads random --big-variants triton-graph \

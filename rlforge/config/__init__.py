@@ -41,9 +41,9 @@ from rlforge.config.reward import (
     RewardModelModelConfig,
 )
 from rlforge.config.rollout import RolloutConfig, SamplingConfig
-from rlforge.config.root import RLForgeConfig
+from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
-from rlforge.config.validate import uses_critic, validate_config
+from rlforge.config.validate import validate_config
 
 __all__ = [
     "DEFAULT_MODEL",

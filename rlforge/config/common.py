@@ -64,6 +64,14 @@ def hf_model_only(save_contents: Any) -> bool:
     return "hf_model" in parts and not parts & {"model", "optimizer", "extra"}
 
 
+def get_key(cfg: Any, dotted: str) -> Any:
+    """Value at a dotted key of a config made of dataclasses and dicts."""
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
 @dataclass
 class WrapPolicyConfig:
     """FSDP auto-wrap policy."""

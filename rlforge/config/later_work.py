@@ -16,8 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlforge.config.actor import ActorConfig
-from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig, hf_model_only
+from rlforge.config.common import (
+    CheckpointConfig,
+    FSDPConfig,
+    MegatronConfig,
+    OptimConfig,
+    get_key,
+    hf_model_only,
+)
+from rlforge.config.critic import CriticConfig
+from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
 from rlforge.config.rollout import RolloutConfig
+from rlforge.config.root import uses_critic
 from rlforge.config.trainer import TrainerConfig
 from rlforge.errors import ConfigError
 
@@ -205,9 +215,6 @@ def _changed_leaves(value: Any, default: Any, prefix: str, cfg: Any, parent: Any
 
 def _critic_keys_without_critic(c: Any) -> list[str]:
     """The ``critic.*`` keys set away from their defaults in a run that trains no critic."""
-    from rlforge.config.critic import CriticConfig
-    from rlforge.config.validate import uses_critic
-
     if uses_critic(c):
         return []
     return [k for k in _changed_leaves(c.critic, CriticConfig(), "critic", c) if k != "critic.enable"]
@@ -247,8 +254,6 @@ def _unused_micro_sizes(c: Any) -> list[str]:
 def _reward_model_rows() -> list[LaterWork]:
     """Keys of ``reward_model`` that the reward model (a plain forward-only module per process,
     :mod:`rlforge.rewards.reward_model`) does not read: warned while a reward model or judge is on."""
-    from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
-
     def on(key: str, matters: Callable[[Any], bool], why: str) -> LaterWork:
         return LaterWork(key, lambda v: v[0] and matters(v[1]), "{key}={value[1]}: " + why + "; ignored",
                          lambda c, k=key: (_model_reward_on(c), get_key(c, k)))
@@ -462,14 +467,6 @@ LATER_WORK: tuple[LaterWork, ...] = (
                      "{key}={value}: a verl (Ray worker) setting; rlforge has no Ray workers; ignored"),
 )
 """Every accepted-but-not-effective key; the only place this list lives."""
-
-
-def get_key(cfg: Any, dotted: str) -> Any:
-    """Value at a dotted key of a config made of dataclasses and dicts."""
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part] if isinstance(node, dict) else getattr(node, part)
-    return node
 
 
 def later_work_warnings(cfg: Any) -> list[str]:

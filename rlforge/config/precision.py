@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.config.later_work import get_key
+from rlforge.config.common import get_key
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 

@@ -37,3 +37,10 @@ class RLForgeConfig:
     """Free-form verl Ray settings (accepted; rlforge does not use Ray)."""
     ray_init: dict[str, Any] = field(default_factory=dict)
     """Older verl name of ``ray_kwargs.ray_init`` (accepted; not used)."""
+
+
+def uses_critic(cfg: RLForgeConfig) -> bool:
+    """Whether the run trains a critic: ``critic.enable`` if set, else ``adv_estimator == 'gae'``."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return cfg.algorithm.adv_estimator == "gae"

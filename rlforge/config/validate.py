@@ -16,16 +16,17 @@ from typing import Any
 
 from rlforge.algorithms import POLICY_LOSSES
 from rlforge.algorithms.kl import KL_ESTIMATORS
-from rlforge.config.later_work import effective_loggers, get_key, later_work_warnings
+from rlforge.config.common import get_key
+from rlforge.config.later_work import later_work_warnings
 from rlforge.config.precision import check_precision_and_offload
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.reward import check_model_reward
-from rlforge.config.root import RLForgeConfig
+from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 from rlforge.trainer.on_policy import skips_old_log_prob
 
-__all__ = ["CHOICES", "effective_loggers", "uses_critic", "uses_ref", "validate_config"]
+__all__ = ["CHOICES", "uses_ref", "validate_config"]
 
 _ARR = "actor_rollout_ref"
 _LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -51,13 +52,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 _GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def uses_critic(cfg: RLForgeConfig) -> bool:
-    """Whether the run trains a critic: ``critic.enable`` if set, else ``adv_estimator == 'gae'``."""
-    if cfg.critic.enable is not None:
-        return cfg.critic.enable
-    return cfg.algorithm.adv_estimator == "gae"
 
 
 def uses_ref(cfg: RLForgeConfig) -> bool:

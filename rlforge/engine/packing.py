@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlforge.algorithms import entropy_from_logits
+from rlforge.algorithms.log_probs import log_probs_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.varlen import packed_attention_args
-from rlforge.roles.forward import log_probs_from_logits
 from rlforge.roles.fused_head import (
     fsdp2_view_outputs_ok,
     head_log_probs,

@@ -67,7 +67,7 @@ def to_dtype(name: str | torch.dtype, key: str) -> torch.dtype:
 def mixed_precision_dtypes(fsdp_cfg: Any, device: torch.device) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
     """``(param_dtype, reduce_dtype, buffer_dtype)`` from ``fsdp_config.mixed_precision``.
 
-    Unset: compute in bfloat16 on CUDA and float32 on CPU (as LocalEngine's autocast),
+    Unset: compute in bfloat16 on CUDA and float32 on CPU,
     reduce gradients in float32, buffers in float32.
     """
     mp = dict(getattr(fsdp_cfg, "mixed_precision", None) or {})
@@ -188,7 +188,7 @@ class ShardedEngine(TrainEngine):
     @torch.no_grad()
     def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
               max_token_len: int | None = None) -> dict[str, torch.Tensor]:
-        """As :meth:`LocalEngine.infer`; rows come back in ``batch``'s order."""
+        """As :meth:`TrainEngine.infer`; rows come back in ``batch``'s order."""
         was_training = self.module.training
         self.module.eval()
         micros, order = self._split(batch, micro_batch_size, max_token_len)
@@ -263,7 +263,7 @@ class ShardedEngine(TrainEngine):
         """Full (unsharded) CPU state; a collective (all ranks call it).  Only rank 0 gets
         the tensors (DCP's ``cpu_offload`` with ``full_state_dict``), the others empty dicts.
         Keys are the plain module's; the optimizer state is in ``torch.optim``'s own
-        (integer-keyed) format, so LocalEngine loads it and vice versa."""
+        (integer-keyed) format, so the tests' single-process reference engine loads it and vice versa."""
         if self.optimizer is None:
             model, optim = get_model_state_dict(self.module, options=self._OPTS), None
         else:

@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from rlforge.perf.report import OUTSIDE_STAGES, STEP_STAGES, RunData
+from rlforge.perf.run_data import OUTSIDE_STAGES, STEP_STAGES, RunData
 
 PlotResult = tuple[str, str | None, str]
 

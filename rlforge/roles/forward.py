@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from rlforge.algorithms import entropy_from_logits
-from rlforge.algorithms.vocab_parallel import is_vocab_parallel, vocab_parallel_log_probs
+from rlforge.algorithms.log_probs import log_probs_from_logits
 from rlforge.batch import Batch
+from rlforge.engine.packing import plan_or_make
 from rlforge.models.log_z import PolicyWithLogZ
 from rlforge.roles.fused_head import (
     fsdp2_view_outputs_ok,
@@ -31,22 +32,6 @@ def _response_slice(mb: Batch) -> slice:
     resp_len = mb["responses"].shape[1]
     total = mb["input_ids"].shape[1]
     return slice(total - resp_len - 1, total - 1)
-
-
-def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)[label]`` in float32 nats.
-
-    Args:
-        logits: ``(batch, len, vocab)``.
-        labels: ``(batch, len)`` token ids.
-    Returns:
-        ``(batch, len)`` float32.  Vocabulary-parallel logits (``strategy=megatron``) are
-        handled without gathering the vocabulary (:mod:`rlforge.algorithms.vocab_parallel`).
-    """
-    if is_vocab_parallel(logits):
-        return vocab_parallel_log_probs(logits, labels)
-    logits = logits.float()
-    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _response_log_probs_from_logits(
@@ -66,8 +51,6 @@ def _response_log_probs_from_hidden(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked head on the response positions of ``hidden (batch, seq, hidden_size)``;
     0 where the response token is padding."""
-    from rlforge.engine.packing import plan_or_make  # lazy: packing imports this module
-
     cols = _response_slice(mb)
     plan = plan_or_make(mb)  # the host's plan, or one made now (a device read per index op)
     assert plan.keep_flat is not None  # mb has responses

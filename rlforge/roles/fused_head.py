@@ -25,9 +25,8 @@ float32 ``(seq, vocab)`` tensor, and the passes over them are memory-bound.  Her
    backward; between forward and backward only ``logsumexp`` and ``H`` per position are kept.
 
 Numerics (the same choices as the plain path, which runs ``lm_head`` then ``.float()``):
-the matmuls run in the compute dtype (the autocast dtype when autocast is on, e.g. bf16
-under :class:`~rlforge.engine.local.LocalEngine` on CUDA; else the weight's dtype, e.g. bf16
-under FSDP mixed precision); softmax statistics, log-probs, entropy and the logit gradient
+the matmuls run in the compute dtype (the autocast dtype when autocast is on; else the
+weight's dtype, e.g. bf16 under FSDP mixed precision); softmax statistics, log-probs, entropy and the logit gradient
 are float32; the logit gradient is cast to the compute dtype for the two backward matmuls
 (as autograd's ``.float()`` backward does).  The weight gradient is accumulated over chunks
 in float32 and cast to the weight's dtype once (the plain path rounds one matmul's result to

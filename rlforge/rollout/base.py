@@ -11,7 +11,8 @@ returns a batch with
 * ``input_ids``, ``attention_mask``, ``position_ids`` ``(batch, prompt_len + response_len)``.
 
 ``response_len`` is at most ``data.max_response_length``.  The backend must use the
-actor's current weights every step (``sync_weights`` is called after each actor update).
+actor's current weights every step: the built-in backends read the actor's module itself (the
+native one refreshes its packed copies of the weights before each generation).
 """
 
 from __future__ import annotations
@@ -67,9 +68,6 @@ class Rollout(ABC):
     def metrics(self) -> dict[str, float]:
         """``rollout/*`` metrics of the last :meth:`generate` call (none by default)."""
         return {}
-
-    def sync_weights(self) -> None:  # noqa: B027 - optional hook
-        """Make the actor's latest weights visible to the backend (no-op when shared)."""
 
     @classmethod
     def from_config(

@@ -198,8 +198,7 @@ def _engine(name: str, module: torch.nn.Module, device: torch.device, *, fsdp_co
 
 
 def _packs(strategy: str) -> bool:
-    """Whether the engine for ``strategy`` runs the roles' packed forward (``TrainEngine.packed_forward``;
-    ``local`` is registered as a factory of :class:`~rlforge.engine.local.LocalEngine`, which does)."""
+    """Whether the engine for ``strategy`` runs the roles' packed forward (``TrainEngine.packed_forward``)."""
     return bool(getattr(ENGINES.get(engine_name(strategy)), "packed_forward", True))
 
 

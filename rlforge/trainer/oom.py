@@ -13,8 +13,8 @@ offload keys for the role's strategy (``fsdp_config.*`` for fsdp/fsdp2, ``megatr
 the stage's token budget (``*_max_token_len_per_gpu`` with dynamic batching, else the micro-batch
 size), activation checkpointing for updates, the chunked LM head for the actor's stages, and the
 rollout's memory keys for generation.  A boolean key already on is left out; a size is shown with
-its current value.  :class:`~rlforge.engine.local.LocalEngine` has no parameter or optimizer offload:
-with it the offload keys are named as needing a sharded engine (``offload_works=False``).
+its current value.  For an engine without parameter or optimizer offload (``offload_works=False``)
+the offload keys are named as needing a sharded engine.
 
 Before the error is raised, the memory the failed stage still holds through the traceback's finished
 frames (activations, logits) is released and PyTorch's cache is returned to the driver, so a caller
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rlforge.config.later_work import get_key
+from rlforge.config.common import get_key
 from rlforge.errors import DeviceOutOfMemory
 
 GiB = float(2**30)

@@ -43,7 +43,6 @@ from rlforge.batch import Batch
 from rlforge.config import format_config
 from rlforge.config.common import hf_model_only
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
-from rlforge.engine.local import LocalEngine
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.launch import under_launcher
 from rlforge.perf.flops import device_peak_flops
@@ -124,7 +123,6 @@ class PPOTrainer:
         self.rank, self.world_size = spmd.world()
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
         self.peak_flops = device_peak_flops(self.job.device)
-        self.offload_works = not isinstance(self.job.actor.engine, LocalEngine)  # for the out-of-memory advice
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
@@ -289,7 +287,7 @@ class PPOTrainer:
         out-of-memory error becomes one message naming the stage and the keys to change
         (:func:`rlforge.trainer.oom.oom_guard`)."""
         with timed(name, m, self.perf.timeline), self.stage_memory.track(name, m), \
-                oom_guard(name, self.cfg, self.offload_works):
+                oom_guard(name, self.cfg):
             yield
 
     def _sampling(self) -> SamplingParams:

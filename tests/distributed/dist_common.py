@@ -34,7 +34,9 @@ def load_model():
 
 def local_engine(model):
     """The single-process reference engine with the actor config's optimizer and schedule."""
-    from rlforge.engine import LocalEngine, build_optimizer, build_scheduler
+    from reference_engine import LocalEngine
+
+    from rlforge.engine import build_optimizer, build_scheduler
 
     cfg = actor_cfg("seq-mean-token-mean")
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)

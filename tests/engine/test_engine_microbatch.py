@@ -10,10 +10,11 @@ import math
 import pytest
 import torch
 from helpers import GradCapture
+from reference_engine import LocalEngine
 
 from rlforge.batch import Batch
 from rlforge.config import ActorConfig, OptimConfig
-from rlforge.engine import LocalEngine, build_scheduler
+from rlforge.engine import build_scheduler
 from rlforge.roles.actor import Actor
 from rlforge.roles.forward import response_log_probs
 from rlforge.rollout.base import assemble

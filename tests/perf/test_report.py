@@ -13,7 +13,8 @@ from trace_schema import check_trace_schema  # noqa: E402
 
 from rlforge.cli import main  # noqa: E402
 from rlforge.errors import DataError, RLForgeError  # noqa: E402
-from rlforge.perf.report import load_metrics, write_report  # noqa: E402
+from rlforge.perf.report import write_report  # noqa: E402
+from rlforge.perf.run_data import load_metrics  # noqa: E402
 
 pytest.importorskip("matplotlib")
 

@@ -15,7 +15,8 @@ import torch
 from helpers import user_error
 
 from rlforge.errors import DataError
-from rlforge.perf.report import load_run, render_markdown
+from rlforge.perf.report import render_markdown
+from rlforge.perf.run_data import load_run
 from rlforge.perf.torch_trace import summarize
 
 CPU, GPU = {"pid": 100, "tid": 1}, {"pid": 0}

@@ -192,10 +192,11 @@ def test_trainer_falls_back_where_the_head_is_not_readable(tiny_tokenizer):
     """``use_fused_kernels`` picks the configured chunk size on engines that keep the head's
     weight after forward (local, FSDP2) and the full logits, with a warning, elsewhere (FSDP1)
     or for a model whose logits are not ``lm_head(hidden)``."""
+    from reference_engine import LocalEngine
+
     from rlforge.config import ModelConfig
     from rlforge.engine.fsdp1 import FSDP1Engine
     from rlforge.engine.fsdp2 import FSDP2Engine
-    from rlforge.engine.local import LocalEngine
     from rlforge.trainer.build import head_chunk_size
 
     cfg = ModelConfig()

@@ -9,15 +9,13 @@ import pytest
 import torch
 
 from rlforge.rollout.native.attention import (
-    MAX_SPLITS,
-    MIN_SPLIT_TOKENS,
-    choose_num_splits,
     combine_splits,
     decode_attention,
     decode_attention_split_torch,
     decode_attention_torch,
     split_partials_torch,
 )
+from rlforge.rollout.native.split_kv import MAX_SPLITS, MIN_SPLIT_TOKENS, choose_num_splits
 
 H, KVH, D, BS = 8, 2, 16, 4
 

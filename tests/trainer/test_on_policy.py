@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import FAST, SMALL, GradCapture, left_padded_batch
+from reference_engine import LocalEngine
 
 from rlforge.cli import main
 from rlforge.config import ActorConfig
-from rlforge.engine import LocalEngine
 from rlforge.errors import ConfigError
 from rlforge.roles.actor import Actor
 

@@ -70,7 +70,7 @@ class WeightsAndState:
 
     def state_dict(self) -> dict[str, Any]:
         """Full CPU state in the plain HF module's keys and ``torch.optim``'s integer-keyed
-        optimizer format (LocalEngine and the fsdp engines load it); tensors on rank 0 only
+        optimizer format (the fsdp engines load it); tensors on rank 0 only
         (a collective)."""
         keep = get_rank() == 0
         model = {n: t.cpu() for n, t in self.full_params_iter() if keep}

@@ -10,7 +10,7 @@ Two kinds of rows reach attention in one engine step:
   Small batches at long context are split along the context (flash-decoding): each of
   ``num_splits`` chunks gives a partial output and its log-sum-exp, and
   :func:`combine_splits` merges them (:func:`decode_attention_split_torch` is the reference;
-  :func:`choose_num_splits` is the Triton path's automatic choice).
+  :func:`~rlforge.rollout.native.split_kv.choose_num_splits` is the Triton path's automatic choice).
 * **prefill rows** (a chunk of a prompt, maybe after cached prefix blocks) of all sequences
   go through one padded ``scaled_dot_product_attention`` call (:func:`batched_prefill_attention`):
   queries ``[Bp, n_max]`` and each sequence's cached K/V ``[Bp, ctx_max]`` gathered by slot,
@@ -55,31 +55,6 @@ def decode_attention_torch(
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no context gives 0, not NaN
     out = torch.einsum("bkgt,btkd->bkgd", p, v)
     return out.reshape(b, h, d).to(q.dtype)
-
-
-SPLIT_MIN_CONTEXT = 2048
-"""Block-table capacities (tokens) below this are never split: the combine launch would cost more than it saves."""
-MIN_SPLIT_TOKENS = 128
-"""Fewest context tokens per split (at the table's capacity)."""
-MAX_SPLITS = 64
-
-
-def choose_num_splits(batch: int, kv_heads: int, max_context: int, num_sms: int) -> int:
-    """Context splits for one paged decode call (1 = the unsplit kernel).
-
-    The unsplit kernel runs one program per (sequence, KV head).  When ``batch * kv_heads`` is
-    at least twice the number of multiprocessors ``num_sms``, every SM already has work: no
-    split.  Otherwise, and when ``max_context`` (the block table's capacity in tokens, a static
-    shape, so the choice is fixed for a captured graph) is at least :data:`SPLIT_MIN_CONTEXT`,
-    split the context so that about 4 programs run per SM, with at least
-    :data:`MIN_SPLIT_TOKENS` tokens per split and at most :data:`MAX_SPLITS` splits, rounded
-    down to a power of two.
-    """
-    programs = batch * kv_heads
-    if max_context < SPLIT_MIN_CONTEXT or programs >= 2 * num_sms or programs < 1:
-        return 1
-    want = max(1, min(-(-4 * num_sms // programs), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
-    return 1 << (want.bit_length() - 1)  # a power of two: few kernel variants as an eager table grows
 
 
 def split_bounds(context_lens: torch.Tensor, num_splits: int, tile: int) -> torch.Tensor:
@@ -179,7 +154,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """Paged decode attention with a resolved ``backend`` (``triton`` | ``torch``); see the module docstring.
 
-    ``num_splits``: context splits (flash-decoding); None = :func:`choose_num_splits` on the
+    ``num_splits``: context splits (flash-decoding); None = :func:`~rlforge.rollout.native.split_kv.choose_num_splits` on the
     Triton path, unsplit on the torch path (the split torch reference is for tests, not speed).
     """
     if backend == "triton":

@@ -38,9 +38,6 @@ from rlforge.rollout.native.rollout_weights import RolloutWeights, Slot
 from rlforge.rollout.native.scheduler import SchedulerOutput
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-LAYER_KERNEL_MAX_ROWS = 16
-"""Largest pure decode batch that :meth:`ModelRunner.decode` runs through the persistent layer
-kernel (where it is on); larger batches fill the GPU with the per-op kernels."""
 """``config.model_type`` values whose decoder layer this runner reproduces."""
 
 
@@ -224,16 +221,11 @@ class ModelRunner:
     where Triton cannot run.  ``pack``: Q/K/V and gate/up as one GEMM each
     (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
     (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
-    ``layer_kernel``: pure decode steps of at most :data:`LAYER_KERNEL_MAX_ROWS` rows run every
-    decoder layer as one persistent kernel (:mod:`.triton_decode_layer`).  Off unless True: on
-    an H200 it is slower than the per-op layers (0.5B B=16 x 8k: 2,049 against 1,598 us per step,
-    ``benchmarks/history/RESULTS-log.md``, 2026-12-02).  Raises ValueError for ``layer_kernel=True`` where
-    it cannot run.
     """
 
     def __init__(
         self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None,
-        pack: bool | None = None, layer_kernel: bool | None = None,
+        pack: bool | None = None,
     ) -> None:
         self.module = module
         self.spec = ModelSpec.from_module(module)
@@ -251,15 +243,6 @@ class ModelRunner:
             raise ValueError("the fused rollout kernels need a CUDA device, the triton package and a power-of-two "
                              f"head dimension (this model's is {self.spec.head_dim})")
         self.fused = bool(fused)
-        self.layer_kernel = None
-        if layer_kernel:
-            from rlforge.rollout.native import triton_decode_layer as tdl
-
-            why = tdl.unsupported_reason(self) if self.fused else "it needs the fused kernels (CUDA with Triton)"
-            if why is None:
-                self.layer_kernel = tdl.DecodeLayerKernel(self)
-            else:
-                raise ValueError(f"the decode layer kernel cannot run this model: {why}")
 
     def refresh_weights(self) -> None:
         """Copy the module's current weights into the runner's packed / cast copies (before each generation)."""
@@ -379,11 +362,6 @@ class ModelRunner:
         """A pure decode step; returns ``logits: [B, V]`` in the compute dtype (the sampler
         reads them once in float32, so no float32 copy of the whole vocabulary is stored), in
         ``out`` when given.  Fixed shapes, no host sync: it can be captured in a CUDA graph."""
-        if self.layer_kernel is not None and d.input_ids.shape[0] <= LAYER_KERNEL_MAX_ROWS:
-            h = F.embedding(d.input_ids, self.module.model.embed_tokens.weight)
-            cos, sin = self._rope(d.positions, h.dtype)
-            h = self.layer_kernel(h, cos, sin, d.slot_mapping, d.block_tables, d.context_lens)
-        else:
-            h = self._body(d.input_ids, d.positions, d.slot_mapping,
-                           lambda q, i: self._decode_attn(q, i, d.block_tables, d.context_lens))
+        h = self._body(d.input_ids, d.positions, d.slot_mapping,
+                       lambda q, i: self._decode_attn(q, i, d.block_tables, d.context_lens))
         return self._logits(h, out)

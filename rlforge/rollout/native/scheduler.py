@@ -162,18 +162,12 @@ class Scheduler:
                 bm.append_slots(s, s.num_tokens + ahead - 1 + k)
         return k
 
-    def update(
-        self, out: SchedulerOutput, sampled: dict[int, int], log_probs: dict[int, float] | None = None
-    ) -> list[Sequence]:
-        """Advance computed counts, append the sampled tokens (``seq_id -> token``, and their
-        log-probs when given), and retire finished sequences; returns those that finished."""
-        lps = {sid: [lp] for sid, lp in log_probs.items()} if log_probs is not None else None
-        return self.update_burst(out, {sid: [tok] for sid, tok in sampled.items()}, lps)
-
     def update_burst(
         self, out: SchedulerOutput, sampled: dict[int, list[int]], log_probs: dict[int, list[float]] | None = None
     ) -> list[Sequence]:
-        """As :meth:`update` after ``k`` steps on the device: ``sampled[seq_id]`` holds the
+        """Advance computed counts, append the sampled tokens (and their log-probs when given),
+        and retire finished sequences; returns those that finished.  After ``k`` steps on the
+        device (``k = 1`` for a single step) ``sampled[seq_id]`` holds the
         ``k`` tokens sampled in a row, each fed back as the next step's input, so the K/V of
         ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or length limit are
         dropped (their K/V sit in blocks that are freed with the sequence).  A sequence that is
@@ -207,7 +201,7 @@ class Scheduler:
 
     def provisional_update(self, out: SchedulerOutput, sampled_ids: list[int],
                            with_log_probs: bool = False) -> list[tuple[Sequence, int]]:
-        """As :meth:`update` for a step whose sampled tokens are still on the device: each
+        """As :meth:`update_burst` with one token each, for a step whose sampled tokens are still on the device: each
         sequence of ``sampled_ids`` gets :data:`PLACEHOLDER` as its next token (and a 0.0
         log-prob with ``with_log_probs``), so the next step can be scheduled now; the ones that
         reach ``max_new_tokens`` finish.  Returns ``(sequence, index in output_ids)`` of each

@@ -15,7 +15,7 @@ each program writes its chunk's normalised partial output and log-sum-exp (float
 second kernel merges the ``S`` partials of each (sequence, head) by their log-sum-exp weights,
 as :func:`~rlforge.rollout.native.attention.combine_splits` does.  This gives a small batch at
 long context ``S`` times the programs, so it fills the GPU; ``num_splits=None`` picks ``S`` with
-:func:`~rlforge.rollout.native.attention.choose_num_splits` from the batch, the KV heads, the
+:func:`~rlforge.rollout.native.split_kv.choose_num_splits` from the batch, the KV heads, the
 block table's capacity (static under a CUDA graph) and the SM count.
 
 Bytes per call: every context token's K and V of each KV head are read once (the decode
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlforge.rollout.native.attention import choose_num_splits
+from rlforge.rollout.native.split_kv import choose_num_splits
 
 
 @triton.jit
@@ -124,7 +124,7 @@ def _device_sms(device: torch.device) -> int:
 
 
 def auto_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """:func:`~rlforge.rollout.native.attention.choose_num_splits` with ``device``'s SM count."""
+    """:func:`~rlforge.rollout.native.split_kv.choose_num_splits` with ``device``'s SM count."""
     return choose_num_splits(batch, kv_heads, max_context, _device_sms(device))
 
 

@@ -1,11 +1,14 @@
-"""Single-process engine: one CPU or one GPU, plain ``torch.nn.Module``.
+"""The single-process reference engine of the tests: one CPU or one GPU, a plain ``torch.nn.Module``.
 
-Parameters stay float32 (the master copy); on CUDA the forward runs under
-``torch.autocast(bfloat16)``, the same numerics FSDP2's mixed-precision policy gives.
-Gradients accumulate over micro-batches; the loss functions scale each micro-batch's
-loss by the mini-batch totals (:class:`LossScale`), so the gradient does not depend on
-the micro-batch split.  A step whose gradient norm is not finite is skipped, as in verl,
-and reported through ``grad_norm``.
+No config builds it (``rlforge train`` always builds the strategy's sharded engine, on a one-device
+mesh in one process); the tests use it as the unsharded reference that the FSDP and Megatron engines
+must match, and as a light :class:`~rlforge.engine.base.TrainEngine` for role-level tests.
+
+Parameters stay float32 (the master copy); with ``autocast_dtype`` the forward runs under
+``torch.autocast``.  Gradients accumulate over micro-batches; the loss functions scale each
+micro-batch's loss by the mini-batch totals (:class:`LossScale`), so the gradient does not depend on
+the micro-batch split.  A step whose gradient norm is not finite is skipped, as in verl, and reported
+through ``grad_norm``.  Its state dict has the same keys and optimizer format as the sharded engines'.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
-from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
+from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
 from rlforge.engine.staging import combine_micro_metrics, saved_work, stage
 
 
@@ -119,32 +122,3 @@ class LocalEngine(TrainEngine):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-
-
-@ENGINES.register("local")
-def local_engine(
-    module: torch.nn.Module, device: torch.device, *, fsdp_config: Any = None, optim_cfg: Any | None = None,
-    total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
-    gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
-    megatron_config: Any = None, role_key: str = "", compile_layers: bool = False,
-) -> LocalEngine:
-    """Build a :class:`LocalEngine` with the same keyword signature as the FSDP engines.
-
-    Checkpointing and activation offload use the same per-layer wrappers as FSDP
-    (:func:`rlforge.engine.activation.apply_activation_wrappers`); ``fsdp_config``,
-    ``megatron_config``, ``role_key`` and ``mesh`` are ignored in one process.
-    """
-    from rlforge.engine.activation import apply_activation_wrappers
-    from rlforge.engine.compile import compile_layers as compile_regions
-    from rlforge.engine.optim import build_optimizer, build_scheduler
-    from rlforge.engine.sharded import build_param_groups
-
-    if compile_layers:
-        compile_regions(module, device)
-    apply_activation_wrappers(module, gradient_checkpointing, activation_offload)
-    opt = sched = None
-    if optim_cfg is not None:
-        opt = build_optimizer(build_param_groups(module, param_groups, float(optim_cfg.lr)), optim_cfg)
-        sched = build_scheduler(opt, optim_cfg, total_steps, optim_key)
-    dtype = torch.bfloat16 if device.type == "cuda" else None
-    return LocalEngine(module, device, opt, sched, grad_clip=grad_clip, autocast_dtype=dtype)
