@@ -1,6 +1,6 @@
 """The local sandboxes: ``bwrap`` (bubblewrap) and ``nsjail`` (see :mod:`.sandbox` for what they guarantee).
 
-Each factory finds its program (:func:`~rlforge.tools.sandbox.which`), builds the command line and runs
+Each factory finds its program (:func:`~rlforge.tools.sandbox_base.which`), builds the command line and runs
 ``python -c pass`` in it once; a missing program or a failed probe is :class:`SandboxUnavailable` with the
 reason (for instance: user namespaces are not allowed on this machine).
 """
@@ -13,7 +13,7 @@ import random
 import sys
 from typing import Any
 
-from rlforge.tools.sandbox import (
+from rlforge.tools.sandbox_base import (
     SANDBOXES,
     Limits,
     RunResult,

@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from rlforge.tools.base import ToolError
-from rlforge.tools.sandbox import SANDBOXES, Limits, RunResult
+from rlforge.tools.sandbox_base import SANDBOXES, Limits, RunResult
 
 
 class RemoteSandbox:

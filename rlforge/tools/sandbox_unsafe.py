@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 
-from rlforge.tools.sandbox import Limits, RunResult, prelude, run_argv
+from rlforge.tools.sandbox_base import Limits, RunResult, prelude, run_argv
 
 AUDIT_GUARD = r'''
 def _rlforge_guard(event, args):
