@@ -2,14 +2,31 @@
 # Correctness checks on the device machine (issue 37): every algorithm one step on CUDA, FlowRL vs GRPO
 # (benchmarks/distribution_matching.py) on the GPU, and the CUDA test files. Run from the repository root:
 #
-#   bash benchmarks/plans/gpu_checks.sh "STEP STEP ..."     # steps: algos dm cuda; logs under $OUT
+#   bash benchmarks/plans/gpu_checks.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: algos dm cuda
+#   bash benchmarks/plans/gpu_checks.sh wait [WAIT_S]                     # later calls: wait, collect
+# Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
 # Needs, carried: .whl/ (omegaconf, antlr4-python3-runtime, tensordict, pyvers, gguf) and .tok/ (a saved
 # tokenizer, for the tests that read RLFORGE_TEST_TOKENIZER).
 set -u
 REPO=$PWD
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+P=/tmp/gplan
+mkdir -p "$OUT" "$P"
+cmd=${1:-wait}
+if [ "$cmd" = start ]; then  # relaunch this script detached, so the steps outlive one call
+  rm -f "$P"/*; setsid nohup bash "$0" run "${2:-algos dm cuda}" > "$P/plan.log" 2>&1 < /dev/null &
+  cmd=wait; shift
+fi
+if [ "$cmd" = wait ]; then
+  end=$((SECONDS + ${2:-540}))
+  while [ ! -e "$P/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  cp "$P"/*.txt "$P"/plan.log "$OUT"/ 2>/dev/null
+  [ -e "$P/done" ] && echo "all steps done" || echo "still running"
+  for f in "$P"/*.txt; do echo "== $f"; tail -22 "$f"; done
+  exit 0
+fi
+OUT=$P
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$REPO"/.whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
@@ -31,7 +48,7 @@ step_cuda() {  # the CUDA test files of the engine, the rollout and the reward m
     tests/rollout/test_split_kv_cuda.py tests/rewards/test_model_reward_cuda.py > "$OUT/cuda.txt" 2>&1
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-for s in ${1:-algos dm cuda}; do
+for s in ${2:-algos dm cuda}; do
   t0=$SECONDS; "step_$s"; echo "step $s: rc=$? $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 done
-for f in "$OUT"/*.txt; do echo "== $f"; tail -25 "$f"; done
+touch "$P/done"
