@@ -38,6 +38,7 @@ step_algos() {
     --durations=5 > "$OUT/algos.txt" 2>&1
 }
 step_dm() {  # FlowRL vs GRPO on the three-mode target, on the GPU (trainer.device=auto)
+  local s
   for s in ${DM_SEEDS:-1}; do
     timeout -k 5 ${DM_LIMIT:-200} python3 benchmarks/distribution_matching.py --seed "$s" --plot "" \
       > "$OUT/dm_seed$s.txt" 2>&1
