@@ -91,11 +91,18 @@ class RunLock:
 
 
 def _try_create(path: Path) -> bool:
-    """Create ``path`` holding this process's JSON, atomically; False if it already exists."""
+    """Create ``path`` holding this process's JSON, atomically; False if it already exists.
+
+    Raises:
+        ConfigError: the folder cannot be written (read-only, missing, not a folder).
+    """
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
+    except OSError as e:  # a read-only or full file system, a folder that is a file, ...
+        raise ConfigError(f"trainer.default_local_dir={path.parent}: cannot write its run lock {path.name} "
+                          f"({e.strerror or e}); give the run a writable folder") from None
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, f)
     return True

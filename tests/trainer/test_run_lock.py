@@ -138,3 +138,15 @@ def test_two_starters_finding_one_dead_lock_never_both_hold_it(tmp_path, live_pi
     with pytest.raises(ConfigError, match=f"PID {live_pid}"):
         acquire(tmp_path)
     assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == live_pid
+
+
+def test_read_only_folder_is_one_error_naming_it(tmp_path, monkeypatch):
+    import errno
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(run_lock.os, "open", read_only)
+    with pytest.raises(ConfigError, match="Read-only file system") as e:
+        acquire(tmp_path)
+    assert f"trainer.default_local_dir={tmp_path}" in str(e.value)
