@@ -64,7 +64,7 @@ def check_result(out: Any, where: str) -> tuple[float, dict[str, Any]]:
         ``(score, extras)``: the finite float score and a dict's other keys (empty for a number).
 
     Raises:
-        RewardError: a non-number, NaN/inf, or a dict without a numeric ``score``; the message
+        RewardError: a non-number, NaN/inf (an int too large for a float included), or a dict without a numeric ``score``; the message
             starts with ``where`` (see :func:`sample_where`).
     """
     extras: dict[str, Any] = {}
@@ -77,7 +77,10 @@ def check_result(out: Any, where: str) -> tuple[float, dict[str, Any]]:
         out = out["score"]
     if not _is_number(out):
         raise RewardError(f"{where} returned {type(out).__name__} {str(out)[:60]!r}, expected a number")
-    score = float(out)
+    try:
+        score = float(out)
+    except OverflowError:  # an int past float's range (10**400)
+        score = math.inf
     if not math.isfinite(score):
         raise RewardError(f"{where} returned {score}, expected a finite number")
     return score, extras

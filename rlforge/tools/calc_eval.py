@@ -46,7 +46,8 @@ def evaluate(expression: str, max_digits: int = 4000) -> int | float:
     Raises:
         CalcError: syntax error, any other node (names, calls, ...), division by zero, an exponent above
             1000, or a result (final or intermediate) of more than ``max_digits`` digits, refused before it
-            is computed.
+            is computed; a float literal or result that overflows (``1e999``, ``1e308 * 10``: never ``inf``
+            or ``nan``).
     """
     max_bits = math.ceil(max_digits * math.log2(10))
     try:
@@ -58,6 +59,8 @@ def evaluate(expression: str, max_digits: int = 4000) -> int | float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             if isinstance(node.value, int) and node.value.bit_length() > max_bits:
                 raise CalcError(f"a number has more than {max_digits} digits")
+            if isinstance(node.value, float) and math.isinf(node.value):
+                raise CalcError("a number is too large for a float")
             return node.value
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UN:
             return _UN[type(node.op)](ev(node.operand))
@@ -75,6 +78,8 @@ def evaluate(expression: str, max_digits: int = 4000) -> int | float:
                 raise CalcError("result too large") from None
             if isinstance(r, complex):
                 raise CalcError("the result is not a real number")
+            if isinstance(r, float) and not math.isfinite(r):  # 1e308 * 10 is inf, not an OverflowError
+                raise CalcError("result too large")
             if isinstance(r, int) and r.bit_length() > max_bits:
                 raise CalcError(f"result has more than {max_digits} digits")
             if isinstance(r, float) and r.is_integer() and isinstance(node.op, ast.Div) and abs(r) < 2**53:

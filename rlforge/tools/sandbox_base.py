@@ -126,8 +126,8 @@ def run_argv(argv: list[str], code: str, limits: Limits, *, cwd: str | None = No
     """
     with tempfile.TemporaryDirectory(prefix="rlforge-sandbox-") as host:
         src, out_path = os.path.join(host, ".main.py"), os.path.join(host, ".output")
-        with open(src, "w") as f:
-            f.write(code)
+        with open(src, "wb") as f:  # the sandbox reads UTF-8 (LANG=C.UTF-8), whatever the host's locale
+            f.write(code.encode("utf-8", errors="replace"))  # a lone surrogate becomes "?"
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": cwd or host, "TMPDIR": cwd or host}
         t0, killed = time.perf_counter(), ""
         with open(src, "rb") as stdin, open(out_path, "wb") as out:

@@ -138,7 +138,10 @@ def find_resume_path(resume_mode: str, default_local_dir: str | Path, resume_fro
     tracker = Path(default_local_dir) / TRACKER
     if not tracker.exists():
         return None
-    text = tracker.read_text().strip()
+    try:
+        text = tracker.read_text(errors="replace").strip()
+    except OSError as e:  # a folder, unreadable
+        text = f"? ({e.strerror or e})"
     p = Path(default_local_dir) / f"global_step_{text}"
     if not text.isdigit() or not (p / "trainer_state.pt").exists():
         raise ConfigError(

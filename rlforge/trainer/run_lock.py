@@ -7,12 +7,15 @@ together exactly one gets it.  While it is held, a second run in the same folder
 with one message naming the folder, the holder and the fix (``trainer.on_existing_run=error``,
 the default) or writes into a fresh sub-folder ``run-<id>`` of it instead
 (``trainer.on_existing_run=append``).  A lock left by a process that died (same host, PID no
-longer alive) is taken over with a warning.  A lock held from another host is always respected:
+longer alive) is taken over with a warning; take-overs hold an exclusive ``flock`` on the folder and
+re-read the lock inside it, so of several runs that find the same dead lock only one replaces it.  A lock held from another host is always respected:
 whether that process lives cannot be checked from here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -88,14 +91,39 @@ class RunLock:
 
 
 def _try_create(path: Path) -> bool:
-    """Create ``path`` holding this process's JSON, atomically; False if it already exists."""
+    """Create ``path`` holding this process's JSON, atomically; False if it already exists.
+
+    Raises:
+        ConfigError: the folder cannot be written (read-only, missing, not a folder).
+    """
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
+    except OSError as e:  # a read-only or full file system, a folder that is a file, ...
+        raise ConfigError(f"trainer.default_local_dir={path.parent}: cannot write its run lock {path.name} "
+                          f"({e.strerror or e}); give the run a writable folder") from None
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, f)
     return True
+
+
+def _take_over(path: Path, seen: dict[str, Any]) -> bool:
+    """Replace the dead lock ``seen`` with this process's, holding an exclusive ``flock`` on the folder so that
+    two starters never both replace it (one would delete the other's fresh lock); False when the lock changed
+    meanwhile (look again)."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if read_holder(path) != seen:
+            return False
+        log.warning("%s was left by %s, which is no longer running; taking it over", path, _describe(seen))
+        path.unlink(missing_ok=True)
+        return _try_create(path)
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _describe(holder: dict[str, Any]) -> str:
@@ -130,8 +158,8 @@ def acquire(folder: str | Path, on_existing_run: str = "error") -> RunLock:
         if holder is None:
             continue  # released meanwhile
         if _stale(holder):
-            log.warning("%s was left by %s, which is no longer running; taking it over", path, _describe(holder))
-            path.unlink(missing_ok=True)
+            if _take_over(path, holder):
+                return RunLock(path, folder)
             continue
         if on_existing_run == "append":
             sub = folder / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

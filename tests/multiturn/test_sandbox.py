@@ -181,6 +181,14 @@ def test_tool_uses_the_sandbox_and_reports():
     assert resp.text == "42\n\nexit status 3" and m["exit_code"] == 3
 
 
+@needs_sandbox
+def test_code_with_a_lone_surrogate_or_non_ascii_runs():
+    # json.loads turns the escape "\ud800" into a lone surrogate; writing the code must not raise
+    tool = PythonExecutorTool({"wall_s": 5}, _schema())
+    resp, _, _ = asyncio.run(tool.execute("i", {"code": "# \ud800\nprint('\u00e9t\u00e9', len('\ud800'))"}))
+    assert resp.text == "\u00e9t\u00e9 1\n", resp.text
+
+
 def test_refuses_without_a_sandbox(monkeypatch, tmp_path):
     monkeypatch.setattr("rlforge.tools.sandbox_local.which", lambda name: None)
     with pytest.raises(SandboxUnavailable) as e:

@@ -123,3 +123,12 @@ def test_malformed_call_then_valid_call_in_the_rollout(tiny_tokenizer, mt_model,
     assert "not valid JSON" in text and "<|im_start|>tool\nran<|im_end|>" in text and "at most" not in text
     m = ro.metrics()
     assert m["multi_turn/parse_error"] == 1 and m["multi_turn/tool/echo/success"] == 1
+
+
+@pytest.mark.parametrize("body", ["[" * 100_000, '{"name": "e", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                  '{"name": "e", "arguments": "' + "[" * 100_000 + '"}'], ids=["body", "arguments", "string"])
+def test_deeply_nested_call_is_a_parse_error_not_a_crash(body):
+    # json.loads raises RecursionError (not JSONDecodeError) on deep nesting: it must not end the rollout
+    (call,) = parse_hermes(f"<tool_call>{body}</tool_call>")
+    assert isinstance(call, ToolCallError)
+    assert "nested too deeply" in call.message or "must be a JSON object" in call.message

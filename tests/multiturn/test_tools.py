@@ -103,3 +103,11 @@ def test_calculator_timeout_is_kept_and_the_trainer_does_not_stall():
         assert asyncio.run(tool.execute("i", {"expression": "6*7"}))[0].text == "42"  # a fresh worker
     finally:
         tool.worker.close()
+
+
+@pytest.mark.parametrize("expr", ["1e999", "1e308 * 10", "1e308 * 10 - 1e308 * 10", "-1e308 - 1e308", "1e200 * 1e200 / 1e300"])
+def test_calculator_float_overflow_is_an_error_not_inf_or_nan(expr):
+    # float * and + give inf (then nan), not OverflowError: the model must never read "inf" or "nan" as an answer
+    with pytest.raises(ToolError, match="too large"):
+        evaluate(expr)
+    assert evaluate("1e308 * 1.5 / 10") == 1e308 * 1.5 / 10 and evaluate("1e-400") == 0.0

@@ -163,3 +163,10 @@ def test_rlforge_train_with_exiting_reward_fails(tmp_path, capfd) -> None:
     out, err = capfd.readouterr()
     user_error(subprocess.CompletedProcess(args, status, out, err), "sample 0", "rlforge/arithmetic",
                "called sys.exit(0)")
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), {"score": 10**400}], ids=["int", "negative", "dict"])
+def test_int_too_large_for_a_float_is_one_reward_error(value) -> None:
+    with pytest.raises(RewardError, match="expected a finite number") as e:
+        call_reward_fn(lambda **kw: value, "f", 3, "ds", "s", "1", {})
+    assert "sample 3" in str(e.value)

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from rlforge.errors import CheckpointError
+from rlforge.errors import CheckpointError, ConfigError
 from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer.manifest import MANIFEST, verify_manifest, write_manifest
 
@@ -97,3 +97,17 @@ def test_write_manifest_covers_nested_folders(tmp_path):
     (tmp_path / "actor" / "huggingface" / "config.json").write_text("{ }")
     with pytest.raises(CheckpointError, match="actor/huggingface/config.json"):
         verify_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["bytes", "folder"])
+def test_unreadable_tracker_file_is_one_error_naming_it(tmp_path, damage):
+    save(tmp_path, 1)
+    tracker = tmp_path / ckpt.TRACKER
+    if damage == "bytes":
+        tracker.write_bytes(b"\xff\xfe1")
+    else:
+        tracker.unlink()
+        tracker.mkdir()
+    with pytest.raises(ConfigError, match="not a complete checkpoint") as e:
+        ckpt.pick_checkpoint("auto", tmp_path, None)
+    assert str(tracker) in str(e.value)

@@ -119,3 +119,34 @@ def test_append_run_trains_in_its_sub_folder(tmp_path, live_pid):
     assert (sub / "metrics.jsonl").is_file() and (sub / "global_step_1" / "config.yaml").is_file()
     assert f"default_local_dir: {sub}" in (sub / "global_step_1" / "config.yaml").read_text()
     assert not (tmp_path / "metrics.jsonl").exists() and not (sub / LOCK_FILE).exists()
+
+
+def test_two_starters_finding_one_dead_lock_never_both_hold_it(tmp_path, live_pid, monkeypatch):
+    # B reads the dead lock; before B acts, A takes it over (A's fresh lock names a live PID). B must not delete
+    # A's lock on the strength of its old read: it looks again and stops, naming A.
+    hold(tmp_path, dead_pid())
+    real, raced = run_lock.read_holder, []
+
+    def read_then_a_takes_over(path):
+        seen = real(path)
+        if not raced:
+            raced.append(1)
+            hold(tmp_path, live_pid)
+        return seen
+
+    monkeypatch.setattr(run_lock, "read_holder", read_then_a_takes_over)
+    with pytest.raises(ConfigError, match=f"PID {live_pid}"):
+        acquire(tmp_path)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == live_pid
+
+
+def test_read_only_folder_is_one_error_naming_it(tmp_path, monkeypatch):
+    import errno
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(run_lock.os, "open", read_only)
+    with pytest.raises(ConfigError, match="Read-only file system") as e:
+        acquire(tmp_path)
+    assert f"trainer.default_local_dir={tmp_path}" in str(e.value)

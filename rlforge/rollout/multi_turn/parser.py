@@ -19,6 +19,7 @@ from typing import Any
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_TOO_DEEP = "error: the tool call's JSON is nested too deeply"
 
 
 def clean_text(text: str | bytes) -> str:
@@ -62,7 +63,7 @@ class ToolCallError:
 def parse_hermes(text: str) -> list[ToolCall | ToolCallError]:
     """Every ``<tool_call>`` block of ``text``, in order (empty when there is none).
 
-    A block that is not closed, not JSON, not an object, has no string ``name``, or has ``arguments``
+    A block that is not closed, not JSON (or nested too deeply for ``json``), not an object, has no string ``name``, or has ``arguments``
     that are not an object (or a JSON string of one) is a :class:`ToolCallError`.
     """
     out: list[ToolCall | ToolCallError] = []
@@ -76,6 +77,9 @@ def parse_hermes(text: str) -> list[ToolCall | ToolCallError]:
         except json.JSONDecodeError as e:
             out.append(ToolCallError(f"error: the tool call is not valid JSON ({e.msg} at character {e.pos})"))
             continue
+        except RecursionError:
+            out.append(ToolCallError(_TOO_DEEP))
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             out.append(ToolCallError('error: a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
             continue
@@ -83,7 +87,7 @@ def parse_hermes(text: str) -> list[ToolCall | ToolCallError]:
         if isinstance(args, str):
             try:
                 args = _clean(json.loads(args)) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 args = None
         if not isinstance(args, dict):
             out.append(ToolCallError(f"error: the arguments of {obj['name']!r} must be a JSON object"))
