@@ -52,7 +52,8 @@ def verify_manifest(folder: str | Path) -> bool:
 
     Raises:
         CheckpointError: a listed file is missing, has another size or another hash (naming the
-            file and the checkpoint), or the manifest itself is unreadable.
+            file and the checkpoint), a file of the checkpoint is not listed, a listed path leaves the
+            checkpoint, or the manifest itself is unreadable.
     """
     folder = Path(folder)
     path = folder / MANIFEST
@@ -66,7 +67,15 @@ def verify_manifest(folder: str | Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is unreadable ({e.__class__.__name__}); "
                               "the checkpoint cannot be trusted") from None
+    listed = {rel for rel, _, _ in items}
+    unlisted = [p.relative_to(folder).as_posix() for p in _files(folder)
+                if p.relative_to(folder).as_posix() not in listed]
+    if unlisted:
+        raise CheckpointError(f"checkpoint {folder}: file {unlisted[0]} is not in {MANIFEST} "
+                              f"({len(unlisted)} unlisted); the manifest does not describe this checkpoint")
     for rel, digest, size in items:
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CheckpointError(f"checkpoint {folder}: {MANIFEST} lists {rel!r}, outside the checkpoint")
         f = folder / rel
         if not f.is_file():
             problem = "is missing"

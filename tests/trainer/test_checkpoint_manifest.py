@@ -111,3 +111,18 @@ def test_unreadable_tracker_file_is_one_error_naming_it(tmp_path, damage):
     with pytest.raises(ConfigError, match="not a complete checkpoint") as e:
         ckpt.pick_checkpoint("auto", tmp_path, None)
     assert str(tracker) in str(e.value)
+
+
+@pytest.mark.parametrize("edit", ["empty", "outside"])
+def test_a_manifest_that_does_not_describe_the_checkpoint_is_refused(tmp_path, edit):
+    folder = save(tmp_path, 1)
+    if edit == "empty":  # lists nothing, so nothing would be checked
+        (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": {}}))
+        expected = "is not in manifest.json"
+    else:  # a listed path that leaves the checkpoint
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+        files["../../outside"] = {"sha256": "0" * 64, "size": 1}
+        (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}))
+        expected = "outside the checkpoint"
+    with pytest.raises(CheckpointError, match=expected):
+        verify_manifest(folder)
