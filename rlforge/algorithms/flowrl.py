@@ -172,4 +172,8 @@ with_hooks(PolicyLossHooks(
     extra_modules=_log_z_modules,
     forward=_log_z_forward,
     batch_inputs=_reward_target_inputs,
+    # getattr: a saved config of an older run may lack the key (rlforge export reads those)
+    exports_extra_modules=lambda actor_cfg: bool(getattr(getattr(actor_cfg.policy_loss, "flowrl", None),
+                                                         "export_log_z", False)),
+    frozen_keys=(f"{_KEY}.log_z_hidden_size",),
 ))(compute_policy_loss_flowrl)

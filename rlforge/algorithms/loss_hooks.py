@@ -59,16 +59,25 @@ class PolicyLossHooks:
         batch_inputs: ``(actor config, token_level_rewards (B, R) or None, uids (B,) or None) ->
             {name: (B,) tensor}``: per-row values computed over the whole batch before it is split
             into micro-batches, handed to the loss in ``PolicyLossInputs.extra``.
+        exports_extra_modules: ``(actor config) -> bool``: the ``hf_model`` export writes the extra
+            modules' weights beside the LM (``<module name>.safetensors``).
+        frozen_keys: config keys that decide the extra modules' shapes (a resumed run must keep them).
     """
 
     needs_ref_log_prob: Callable[[Any], bool] | None = None
     extra_modules: Callable[[Any, torch.nn.Module], ExtraModules] | None = None
     forward: LossForward | None = None
     batch_inputs: Callable[[Any, torch.Tensor | None, np.ndarray | None], dict[str, torch.Tensor]] | None = None
+    exports_extra_modules: Callable[[Any], bool] | None = None
+    frozen_keys: tuple[str, ...] = ()
 
     def wants_ref(self, actor_cfg: Any) -> bool:
         """Whether the loss asks for the reference log-probs under ``actor_cfg``."""
         return bool(self.needs_ref_log_prob(actor_cfg)) if self.needs_ref_log_prob is not None else False
+
+    def exports_extras(self, actor_cfg: Any) -> bool:
+        """Whether the ``hf_model`` export writes the extra modules (False without the hook)."""
+        return bool(self.exports_extra_modules(actor_cfg)) if self.exports_extra_modules is not None else False
 
     def build_modules(self, actor_cfg: Any, lm: torch.nn.Module) -> ExtraModules:
         """:attr:`extra_modules`, or ``lm`` alone."""

@@ -211,8 +211,8 @@ class PPOTrainer:
 
     def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
-        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; FlowRL's log Z head only when
-        ``policy_loss.flowrl.export_log_z`` asks for it.  The weights come from the engine's full
+        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; a policy loss's log Z head only
+        where its hooks ask for it (``exports_extra_modules``).  The weights come from the engine's full
         (gathered, CPU, master-dtype) ``model_state``, not from the rollout's compute-dtype copy."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         if "hf_model" not in actor_cfg.checkpoint.save_contents:
@@ -221,7 +221,7 @@ class PPOTrainer:
         wrapped = any(k.startswith("log_z_head.") for k in model_state)  # PolicyWithLogZ: lm.* and log_z_head.*
         lm_state = {k[3:]: v for k, v in model_state.items() if k.startswith("lm.")} if wrapped else model_state
         head = {k[len("log_z_head."):]: v for k, v in model_state.items() if k.startswith("log_z_head.")}
-        export_head = bool(head) and actor_cfg.policy_loss.flowrl.export_log_z
+        export_head = bool(head) and self.job.actor.hooks.exports_extras(actor_cfg)
         plan = self.job.actor_lora
 
         def write(folder: Path) -> None:
