@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -22,7 +23,16 @@ import torch
 
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
-from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, micro_batches
+from rlforge.engine.base import (
+    SAVED_S2,
+    SAVED_TOKENS,
+    ForwardFn,
+    LossFn,
+    LossScale,
+    TrainEngine,
+    copy_full_params,
+    micro_batches,
+)
 from rlforge.engine.staging import combine_micro_metrics, saved_work, stage
 
 
@@ -33,6 +43,7 @@ class LocalEngine(TrainEngine):
         optimizer, scheduler: None for a forward-only model (the reference policy).
         grad_clip: max global gradient norm (``<= 0`` disables clipping).
         autocast_dtype: mixed-precision dtype for the forward (None = full float32).
+        share_prompts: see :attr:`~rlforge.engine.base.TrainEngine.share_prompts`.
     """
 
     head_readable_after_forward = True
@@ -45,6 +56,7 @@ class LocalEngine(TrainEngine):
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         grad_clip: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
+        share_prompts: bool = False,
     ) -> None:
         self.module = module.to(device)
         self.device = device
@@ -52,6 +64,7 @@ class LocalEngine(TrainEngine):
         self.scheduler = scheduler
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
+        self.share_prompts = share_prompts
 
     def autocast(self) -> AbstractContextManager:
         """The mixed-precision context for forwards."""
@@ -91,9 +104,6 @@ class LocalEngine(TrainEngine):
         parts, _ = micro_batches(mini_batch, micro_batch_size, max_token_len, "ppo_max_token_len_per_gpu",
                                  share_prompts=self.share_prompts)
         staged = stage(parts, self.device, self.share_prompts)
-        if self.share_prompts:
-            tok, s2 = saved_work(staged)
-            self.saved_work = (self.saved_work[0] + tok, self.saved_work[1] + s2)
         for mb in staged:
             with self.autocast():
                 loss, metrics = loss_fn(self.module, mb, scale)
@@ -107,7 +117,20 @@ class LocalEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         out = combine_micro_metrics(per_micro)
         out["grad_norm"] = grad_norm
+        if self.share_prompts:
+            out[SAVED_TOKENS], out[SAVED_S2] = (float(x) for x in saved_work(staged))
         return out
+
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        dest = torch.device(device) if device is not None else self.device
+        for name, t in self.module.state_dict().items():
+            if keep is None or keep(name):
+                yield name, t.detach().to(dest)
+
+    @torch.no_grad()
+    def sync_to(self, target: torch.nn.Module) -> None:
+        copy_full_params(self.full_params_iter(), target)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -17,8 +17,8 @@ import pytest
 MAX_LINES = 80
 REPO = Path(__file__).resolve().parents[1]
 
-CHECKED = ["rlforge/rollout/native"]
-"""Folders under the limit.  ``rlforge/trainer`` joins once ``build.build_job`` (138 lines) is split."""
+CHECKED = ["rlforge/rollout/native", "rlforge/trainer"]
+"""Folders under the limit."""
 
 KNOWN_LONG = {
     "rlforge/rollout/native/engine.py::NativeRollout.generate": 105,  # being split in separate work

@@ -37,6 +37,7 @@ from .kl import (
     kl_loss,
     kl_penalty,
 )
+from .loss_hooks import ExtraModules, PolicyLossHooks, loss_hooks, with_hooks
 from .policy_losses import (
     POLICY_LOSSES,
     PolicyLossInputs,
@@ -56,6 +57,7 @@ from .utils import apply_mask, masked_mean, masked_sum, masked_var, masked_white
 from .value_loss import compute_value_loss
 
 __all__ = [
+    "ExtraModules", "PolicyLossHooks", "loss_hooks", "with_hooks",
     "ADV_ESTIMATORS",
     "FLOWRL_REWARDS",
     "KL_CONTROLLERS",

@@ -34,6 +34,7 @@ from rlforge.errors import ConfigError
 
 from .advantages import GRPO_EPS
 from .groups import group_ids, grpo_normalized_scores
+from .loss_hooks import ExtraModules, PolicyLossHooks, with_hooks
 from .policy_losses import LOG_RATIO_CLAMP, POLICY_LOSSES, PolicyLossInputs, PolicyLossOutput
 from .utils import masked_sum
 
@@ -136,9 +137,43 @@ def compute_policy_loss_flowrl(inputs: PolicyLossInputs, config: Any) -> PolicyL
     return PolicyLossOutput(loss=loss, metrics=metrics)
 
 
-# What the trainer must build for this loss: the log Z head, and the reference forward
-# unless policy_loss.flowrl.use_ref is false.
-compute_policy_loss_flowrl.needs_log_z = True  # type: ignore[attr-defined]
-compute_policy_loss_flowrl.needs_ref_log_prob = (  # type: ignore[attr-defined]
-    lambda actor_cfg: bool(actor_cfg.policy_loss.flowrl.use_ref)
-)
+def _log_z_modules(actor_cfg: Any, lm: torch.nn.Module) -> ExtraModules:
+    """The policy with its log Z head (``log_z_hidden_size``), the head's parameters in their own
+    learning-rate group (``log_z_lr_multiplier``)."""
+    from rlforge.models.log_z import PolicyWithLogZ
+
+    flow = actor_cfg.policy_loss.flowrl
+    return ExtraModules(PolicyWithLogZ(lm, int(flow.log_z_hidden_size)),
+                        [(lambda name: name.startswith("log_z_head."), float(flow.log_z_lr_multiplier))], "lm.")
+
+
+def _log_z_forward(module: torch.nn.Module, mb: Any, temperature: float, with_entropy: bool,
+                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The training forward: log-probs, entropy and ``log_z`` (B,) from the head."""
+    from rlforge.roles.forward import response_log_probs_with_log_z
+
+    logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, with_entropy, chunk_size)
+    return logp, ent, {"log_z": log_z}
+
+
+def _reward_target_inputs(actor_cfg: Any, token_level_rewards: torch.Tensor | None,
+                          uids: Any) -> dict[str, torch.Tensor]:
+    """``r_hat`` over the whole batch (``group_norm`` on a micro-batch would see part of a group)."""
+    flow = actor_cfg.policy_loss.flowrl
+    if token_level_rewards is None or not (flow.reward == "raw" or flow.reward == "group_norm" and uids is not None):
+        return {}
+    return {REWARD_TARGET_KEY: flowrl_reward_target(token_level_rewards, uids, flow.reward).float()}
+
+
+# What the job builds for this loss: the log Z head and its forward, the reward target over the
+# whole batch, and the reference forward unless policy_loss.flowrl.use_ref is false.
+with_hooks(PolicyLossHooks(
+    needs_ref_log_prob=lambda actor_cfg: bool(actor_cfg.policy_loss.flowrl.use_ref),
+    extra_modules=_log_z_modules,
+    forward=_log_z_forward,
+    batch_inputs=_reward_target_inputs,
+    # getattr: a saved config of an older run may lack the key (rlforge export reads those)
+    exports_extra_modules=lambda actor_cfg: bool(getattr(getattr(actor_cfg.policy_loss, "flowrl", None),
+                                                         "export_log_z", False)),
+    frozen_keys=(f"{_KEY}.log_z_hidden_size",),
+))(compute_policy_loss_flowrl)

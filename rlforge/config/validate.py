@@ -16,6 +16,7 @@ from typing import Any
 
 from rlforge.algorithms import POLICY_LOSSES
 from rlforge.algorithms.kl import KL_ESTIMATORS
+from rlforge.algorithms.loss_hooks import loss_hooks
 from rlforge.config.common import get_key
 from rlforge.config.later_work import later_work_warnings
 from rlforge.config.precision import check_precision_and_offload
@@ -60,7 +61,7 @@ def uses_ref(cfg: RLForgeConfig) -> bool:
     actor = cfg.actor_rollout_ref.actor
     loss = POLICY_LOSSES.get(actor.policy_loss.loss_mode)
     return bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-                or getattr(loss, "needs_ref_log_prob", lambda _cfg: False)(actor))
+                or loss_hooks(loss).wants_ref(actor))
 
 
 def validate_config(cfg: RLForgeConfig) -> list[str]:

@@ -8,6 +8,7 @@ so no second copy of the weights exists (verl does the same when LoRA is on).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ class AdapterOffEngine(TrainEngine):
         self.device = engine.device
         self.head_readable_after_forward = engine.head_readable_after_forward
         self.packed_forward = engine.packed_forward
+        self.share_prompts = engine.share_prompts
 
     @torch.no_grad()
     def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
@@ -46,6 +48,13 @@ class AdapterOffEngine(TrainEngine):
     def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
                    max_token_len: int | None = None) -> dict[str, float]:
         raise RuntimeError("the LoRA reference is forward-only (the actor's base model with the adapter off)")
+
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        raise NotImplementedError("the LoRA reference has no weights of its own; gather the actor engine's")
+
+    def sync_to(self, target: torch.nn.Module) -> None:
+        raise NotImplementedError("the LoRA reference has no weights of its own; sync from the actor engine")
 
     def state_dict(self) -> dict[str, Any]:
         return {}

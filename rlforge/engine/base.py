@@ -10,7 +10,7 @@ tensor/pipeline parallelism and offload.  The trainer never branches on the engi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +52,10 @@ class TrainEngine(ABC):
     need it).  False where a wrapper re-shards it (FSDP1) or splits it (tensor parallelism)."""
     share_prompts: bool = False
     """Whether micro-batches run each prompt once for the rows that share it
-    (``actor.use_prefix_grouper``; set by the trainer where it can take effect): token-budget
-    splits keep a prompt's rows together and the packing plans use the shared-prompt layout."""
-    saved_work: tuple[float, float] = (0.0, 0.0)
-    """``(tokens, Σ s²)`` that :meth:`train_step` calls since the trainer last set this to
-    ``(0, 0)`` did not compute because of :attr:`share_prompts`, summed over all ranks
-    (:func:`rlforge.engine.staging.saved_work`); the trainer subtracts their FLOPs from
-    ``perf/hfu/actor``."""
+    (``actor.use_prefix_grouper``; a constructor argument of the engines that support it):
+    token-budget splits keep a prompt's rows together and the packing plans use the
+    shared-prompt layout.  :meth:`train_step` then reports the work it saved under
+    :data:`SAVED_TOKENS` and :data:`SAVED_S2`."""
     packed_forward: bool = True
     """Whether forward and loss functions may call ``module`` on packed, padding-free rows
     (``model.use_remove_padding``).  False where the engine runs the model itself and hands the
@@ -80,7 +77,31 @@ class TrainEngine(ABC):
         (``micro_batch_size`` rows each, or a token budget of ``max_token_len``).
 
         Returns the micro-batch metrics (loss shares summed, others averaged) plus
-        ``grad_norm``.
+        ``grad_norm``; with :attr:`share_prompts` also :data:`SAVED_TOKENS` and
+        :data:`SAVED_S2`: the ``(tokens, Σ s²)`` the shared-prompt layout did not compute in this
+        step, summed over all ranks (:func:`rlforge.engine.staging.saved_work`; the caller takes
+        them out of the metrics, see :func:`pop_saved_work`).
+        """
+
+    @abstractmethod
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` for every entry of the plain (unsharded) module's state dict,
+        gathered one tensor at a time (a collective where the engine is sharded: all ranks iterate
+        together).  ``device``: where the tensors go (default: the engine's device); ``keep``: a
+        name filter, the same on every rank (None = all).
+
+        Raises:
+            NotImplementedError: an engine without weights of its own (a forward-only view).
+        """
+
+    @abstractmethod
+    def sync_to(self, target: torch.nn.Module) -> None:
+        """Copy the full weights into the plain module ``target`` (the rollout's copy of the policy),
+        tensor by tensor, in place (:func:`copy_full_params`; a collective where sharded).
+
+        Raises:
+            NotImplementedError: an engine without weights of its own (a forward-only view).
         """
 
     def lr_scheduler_step(self) -> float:
@@ -130,6 +151,18 @@ def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: int | None
 
     parts, order = split_by_token_budget(batch, max_token_len, key, group, share_prompts)
     return parts, restore_order(order)
+
+
+SAVED_TOKENS = "prefix_grouper/saved_tokens"
+"""Key of :meth:`TrainEngine.train_step`'s result: prompt tokens not computed (shared prompts)."""
+SAVED_S2 = "prefix_grouper/saved_s2"
+"""Key of :meth:`TrainEngine.train_step`'s result: Σ s² of the attention work not computed."""
+
+
+def pop_saved_work(metrics: dict[str, float]) -> tuple[float, float]:
+    """Remove :data:`SAVED_TOKENS` and :data:`SAVED_S2` from one :meth:`TrainEngine.train_step`
+    result; return them as ``(tokens, Σ s²)`` (``(0, 0)`` where absent)."""
+    return float(metrics.pop(SAVED_TOKENS, 0.0)), float(metrics.pop(SAVED_S2, 0.0))
 
 
 ENGINES: Registry[type[TrainEngine]] = Registry("training engine", "actor_rollout_ref.actor.strategy")

@@ -16,7 +16,7 @@ checkpointing / offload wrappers per decoder layer → ``FullyShardedDataParalle
 
 then the optimizer and schedule.  ``optimizer_offload`` as in :mod:`rlforge.engine.fsdp2`.
 Not supported: :class:`~rlforge.models.log_z.PolicyWithLogZ` (its ``forward_with_log_z``
-bypasses FSDP1's root forward); use ``strategy=fsdp2`` for FlowRL.
+bypasses FSDP1's root forward); use ``strategy=fsdp2`` for a policy loss with a log Z head.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED mod
 1. dtype of the master parameters (``fsdp_config.model_dtype``, default fp32);
 2. activation checkpointing / offload wrappers on each decoder layer
    (:mod:`rlforge.engine.activation`);
-3. ``fully_shard`` on each decoder layer, on each module marked ``keep_fp32`` (FlowRL's log Z
+3. ``fully_shard`` on each decoder layer, on each module marked ``keep_fp32`` (a policy loss's log Z
    head: its own unit with master weights and compute in float32, whatever the compute dtype),
    then on the root, with ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
    ``reshard_after_forward`` and ``CPUOffloadPolicy`` when ``param_offload`` or
@@ -114,6 +114,9 @@ class FSDP2Engine(ShardedEngine):
         gradient_checkpointing, activation_offload: ``model.enable_gradient_checkpointing`` and
             ``model.enable_activation_offload``.
         mesh: a prebuilt data-parallel mesh; None = :func:`build_mesh` from ``fsdp_size``.
+        compile_layers: ``torch.compile`` each decoder layer (``use_torch_compile``).
+        share_prompts: see :attr:`~rlforge.engine.base.TrainEngine.share_prompts`.
+        trainable_state_only: see :attr:`~rlforge.engine.sharded.ShardedEngine.trainable_state_only`.
     Raises:
         RuntimeError: no process group is initialised.
     """

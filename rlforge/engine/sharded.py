@@ -35,7 +35,15 @@ from torch.distributed.checkpoint.state_dict import (
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.engine.activation import clean_name
-from rlforge.engine.base import ForwardFn, LossFn, LossScale, TrainEngine, copy_full_params
+from rlforge.engine.base import (
+    SAVED_S2,
+    SAVED_TOKENS,
+    ForwardFn,
+    LossFn,
+    LossScale,
+    TrainEngine,
+    copy_full_params,
+)
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
@@ -138,7 +146,7 @@ class ShardedEngine(TrainEngine):
         optim_cfg: Any | None = None, total_steps: int = 1, optim_key: str = "optim", grad_clip: float = 1.0,
         param_groups: ParamGroupSpec | None = None, gradient_checkpointing: bool = False,
         activation_offload: bool = False, mesh: Any = None, megatron_config: Any = None, role_key: str = "",
-        compile_layers: bool = False,
+        compile_layers: bool = False, share_prompts: bool = False, trainable_state_only: bool = False,
     ) -> None:
         from rlforge.config.common import FSDPConfig
         from rlforge.engine.compile import compile_layers as compile_regions
@@ -149,6 +157,8 @@ class ShardedEngine(TrainEngine):
                                "init_distributed() (launch with torchrun, also for one device)")
         cfg = fsdp_config or FSDPConfig()
         self.device = device
+        self.share_prompts = bool(share_prompts)
+        self.trainable_state_only = bool(trainable_state_only)
         self.mesh = mesh or build_mesh(device.type, cfg.fsdp_size)
         if compile_layers:
             compile_regions(module, device)
@@ -228,9 +238,9 @@ class ShardedEngine(TrainEngine):
         scale = self.loss_scale(mini_batch)
         micros, _ = self._split(mini_batch, micro_batch_size, max_token_len)
         micros = stage(micros, self.device, self.share_prompts)
+        saved = None
         if self.share_prompts:  # every rank has the same setting: all take part in the sum
-            tok, s2 = all_reduce_sum([float(x) for x in saved_work(micros)], self.device)
-            self.saved_work = (self.saved_work[0] + tok, self.saved_work[1] + s2)
+            saved = all_reduce_sum([float(x) for x in saved_work(micros)], self.device)
         per_micro: list[dict[str, Any]] = []
         for mb, real in self._padded(micros):
             loss, metrics = loss_fn(self.module, mb, scale)
@@ -247,6 +257,8 @@ class ShardedEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         out = merge_metrics(per_micro, self.device)
         out["grad_norm"] = grad_norm
+        if saved is not None:
+            out[SAVED_TOKENS], out[SAVED_S2] = saved
         return out
 
     def _clip_grad_norm(self, max_norm: float) -> float:
@@ -314,14 +326,12 @@ class ShardedEngine(TrainEngine):
     # ------------------------------------------------------------------ weight sync
     def full_params_iter(self, device: torch.device | str | None = None,
                          keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor)`` for every state_dict entry, gathered one at a time
-        (collective: all ranks iterate together).  ``device``: where the tensors go
-        (default: this engine's device); ``keep``: a name filter (None = all)."""
-        raise NotImplementedError
+        """As :meth:`TrainEngine.full_params_iter`; each subclass gathers its own way."""
+        raise NotImplementedError(f"{type(self).__name__} does not gather its parameters")
 
     @torch.no_grad()
     def sync_to(self, target: nn.Module) -> None:
-        """Copy the full weights into the plain (unsharded) ``target``, tensor by tensor."""
+        """As :meth:`TrainEngine.sync_to`."""
         copy_full_params(self.full_params_iter(), target)
 
 

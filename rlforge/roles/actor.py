@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_loss
-from rlforge.algorithms.flowrl import REWARD_TARGET_KEY, flowrl_reward_target
+from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_loss, loss_hooks
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
-from rlforge.roles.common import run_updates
-from rlforge.roles.forward import response_log_probs, response_log_probs_with_log_z
+from rlforge.roles.common import UpdateResult, run_updates
+from rlforge.roles.forward import response_log_probs
 
 
 class LogProbModel:
@@ -70,41 +69,48 @@ class Actor(LogProbModel):
         mini_batch_size: sequences per optimizer step (``ppo_mini_batch_size * rollout.n``).
         micro_batch_size: sequences per forward/backward.
         log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
-        with_log_z: the engine's module is a :class:`~rlforge.models.log_z.PolicyWithLogZ` whose
-            log Z(x) the policy loss needs (FlowRL; its forward is always the padded one).
         max_token_len, log_prob_max_token_len: token budgets (dynamic batching) for the update
             and for :meth:`compute_log_prob`; None = fixed micro-batch sizes.
         remove_padding: padding-free forwards (``model.use_remove_padding``).
-        head_chunk_size: see :class:`LogProbModel` (also used by the FlowRL forward).
+        head_chunk_size: see :class:`LogProbModel` (also used by a policy loss's own forward).
+
+    The policy loss (``policy_loss.loss_mode``) may bring hooks
+    (:class:`~rlforge.algorithms.loss_hooks.PolicyLossHooks`): its own training forward (for the
+    modules it added to the engine's module; always the padded one) and per-row inputs computed
+    over the whole batch before the split.
     """
 
     def __init__(
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
-        log_prob_micro_batch_size: int, with_log_z: bool = False, max_token_len: int | None = None,
+        log_prob_micro_batch_size: int, max_token_len: int | None = None,
         log_prob_max_token_len: int | None = None, remove_padding: bool = False, head_chunk_size: int = 0,
     ) -> None:
         super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding, head_chunk_size)
-        self.with_log_z = with_log_z
         self.train_max_token_len = max_token_len
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
         self.train_micro_batch_size = micro_batch_size
         self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
-        self.last_forward: dict[str, torch.Tensor] | None = None
+        self.hooks = loss_hooks(self.policy_loss)
 
-    def _loss_fn(self, temperature: float, record: list[tuple[torch.Tensor, ...]] | None = None):
+    def _forward(self, module: torch.nn.Module, mb: Batch, temperature: float,
+                 need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The training forward: the loss's own (hooks) or the plain log-probs, with no extra inputs."""
+        if self.hooks.forward is not None:
+            return self.hooks.forward(module, mb, temperature, need_entropy, self.head_chunk_size)
+        logp, ent = self.log_probs_fn(module, mb, temperature, need_entropy)
+        return logp, ent, {}
+
+    def _loss_fn(self, temperature: float, record: list[tuple[torch.Tensor, ...]] | None = None,
+                 extra_keys: tuple[str, ...] = ()):
         """The update's loss.  ``record`` (on-policy): each micro-batch's ``(row_index, detached
-        log-probs, detached entropy)`` is appended, and the detached log-probs are the old ones."""
+        log-probs, detached entropy)`` is appended, and the detached log-probs are the old ones.
+        ``extra_keys``: micro-batch tensors handed to the loss in ``PolicyLossInputs.extra``."""
         cfg = self.cfg
 
         def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             need_entropy = cfg.entropy_coeff != 0 or record is not None
-            log_z = None
-            if self.with_log_z:
-                logp, ent, log_z = response_log_probs_with_log_z(module, mb, temperature, need_entropy,
-                                                                 self.head_chunk_size)
-            else:
-                logp, ent = self.log_probs_fn(module, mb, temperature, need_entropy)
+            logp, ent, fields = self._forward(module, mb, temperature, need_entropy)
             if record is not None:
                 assert ent is not None
                 record.append((mb["row_index"], logp.detach(), ent.detach()))
@@ -122,8 +128,8 @@ class Actor(LogProbModel):
                     ref_log_prob=mb["ref_log_prob"] if "ref_log_prob" in mb else None,
                     token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
                     index=mb.non_tensor.get("uid"),
-                    log_z=log_z,
-                    extra={REWARD_TARGET_KEY: mb[REWARD_TARGET_KEY]} if REWARD_TARGET_KEY in mb else {},
+                    extra={k: mb[k] for k in extra_keys if k in mb},
+                    **fields,
                 ),
                 cfg,
             )
@@ -142,14 +148,15 @@ class Actor(LogProbModel):
 
         return loss_fn
 
-    def update(self, batch: Batch, temperature: float, on_policy: bool = False) -> dict[str, float]:
-        """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix).
+    def update(self, batch: Batch, temperature: float, on_policy: bool = False) -> UpdateResult:
+        """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix) and the work
+        the shared-prompt layout saved (:class:`~rlforge.roles.common.UpdateResult`).
 
         ``on_policy``: ``batch`` has no ``old_log_probs``; it must be consumed by one optimizer
         step (one epoch, one mini-batch), whose forward gives the old log-probs (detached, so the
         ratio is 1 and the gradient is the policy gradient at the current policy).  That
         forward's log-probs and entropies, ``(batch, response_len)`` float32 on CPU (0 past each
-        response), are left in :attr:`last_forward` as ``log_probs`` and ``entropys``.
+        response), come back as the result's ``forward`` (``log_probs`` and ``entropys``).
 
         Raises ValueError when ``on_policy`` and the update would take more than one step.
         """
@@ -157,12 +164,12 @@ class Actor(LogProbModel):
         keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards") if k in batch]
         uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
         data = Batch(batch.tensors.select(*keys), uid, {})
-        flow = self.cfg.policy_loss.flowrl
-        if (self.cfg.policy_loss.loss_mode == "flowrl" and "token_level_rewards" in batch
-                and (flow.reward == "raw" or flow.reward == "group_norm" and uid)):
-            # r_hat over the whole batch: group_norm on a micro-batch would see part of a group
-            data[REWARD_TARGET_KEY] = flowrl_reward_target(batch["token_level_rewards"], uid.get("uid"),
-                                                           flow.reward).float()
+        extra: dict[str, torch.Tensor] = {}
+        if self.hooks.batch_inputs is not None:
+            rewards = batch["token_level_rewards"] if "token_level_rewards" in batch else None
+            extra = self.hooks.batch_inputs(self.cfg, rewards, uid.get("uid"))
+        for k, v in extra.items():
+            data[k] = v
         record: list[tuple[torch.Tensor, ...]] | None = None
         if on_policy:
             if self.cfg.ppo_epochs != 1 or len(batch) > self.mini_batch_size:
@@ -170,15 +177,15 @@ class Actor(LogProbModel):
                                  f"{self.cfg.ppo_epochs} and the mini-batch is {self.mini_batch_size} rows")
             data["row_index"] = torch.arange(len(batch))
             record = []
-        metrics = run_updates(
-            self.engine, data, self._loss_fn(temperature, record), self.mini_batch_size, self.train_micro_batch_size,
-            self.cfg.ppo_epochs, "update_actor", self.train_max_token_len,
+        result = run_updates(
+            self.engine, data, self._loss_fn(temperature, record, tuple(extra)), self.mini_batch_size,
+            self.train_micro_batch_size, self.cfg.ppo_epochs, "update_actor", self.train_max_token_len,
         )
         if record is not None:
             rows = _assemble_rows(record, len(batch), batch["responses"].shape[1])
             keep = batch["response_mask"].cpu().float()
-            self.last_forward = {k: v * keep for k, v in rows.items()}
-        return metrics
+            result.forward = {k: v * keep for k, v in rows.items()}
+        return result
 
 
 def _assemble_rows(record: list[tuple[torch.Tensor, ...]], rows: int, width: int) -> dict[str, torch.Tensor]:

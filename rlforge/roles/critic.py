@@ -67,4 +67,4 @@ class Critic:
         return run_updates(
             self.engine, data, loss_fn, self.mini_batch_size, self.micro_batch_size, cfg.ppo_epochs, "update_critic",
             self.max_token_len,
-        )
+        ).metrics

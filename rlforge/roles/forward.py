@@ -84,7 +84,7 @@ def response_log_probs(
 def response_log_probs_with_log_z(
     module: PolicyWithLogZ, mb: Batch, temperature: float, with_entropy: bool, chunk_size: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """As :func:`response_log_probs`, plus FlowRL's log Z(x) ``(batch,)`` from the head."""
+    """As :func:`response_log_probs`, plus the log Z(x) ``(batch,)`` of the module's head (a policy loss's hook)."""
     if chunk_size > 0:
         hidden, log_z = module.hidden_with_log_z(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], prompt_len=mb["prompts"].shape[1]

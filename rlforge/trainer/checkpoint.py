@@ -223,8 +223,8 @@ def _num_layers(keys: Iterable[str]) -> int:
 def state_mismatch(saved: dict[str, Any], reference: dict[str, tuple[int, ...]]) -> str | None:
     """Why the saved model state ``saved`` (name -> tensor) cannot fit a model whose parameters have
     the shapes ``reference`` (name -> shape): another number of decoder layers, or the first
-    parameter of both with another shape; None when neither is seen.  A FlowRL policy's ``lm.``
-    prefix is dropped and its ``log_z_head.*`` ignored."""
+    parameter of both with another shape; None when neither is seen.  A policy wrapped with a log Z
+    head (a policy loss's hook): its ``lm.`` prefix is dropped and its ``log_z_head.*`` ignored."""
     if any(k.startswith("lm.") for k in saved):
         saved = {k[3:]: v for k, v in saved.items() if k.startswith("lm.")}
     got, want = _num_layers(saved), _num_layers(reference)

@@ -15,9 +15,9 @@ Where the model comes from, first match wins:
 3. ``global_step_N/actor/huggingface`` (``actor.checkpoint.save_contents`` with ``hf_model``): its
    ``config.json`` and tokenizer.
 
-FlowRL's log Z head (``policy_loss.flowrl``) is not part of the LM; it is written as
-``log_z_head.safetensors`` only where the run's ``flowrl.export_log_z`` says so, as the run's own
-``hf_model`` export does.  ``override_config.attn_implementation`` is a run-time kernel choice and
+A policy loss's log Z head (added by its hooks) is not part of the LM; it is written as
+``log_z_head.safetensors`` only where the run's config says so to the loss's hooks
+(``exports_extra_modules``), as the run's own ``hf_model`` export does.  ``override_config.attn_implementation`` is a run-time kernel choice and
 is not written into the exported ``config.json``.
 
 A LoRA checkpoint (``model.lora_rank > 0``) holds the adapter only (and its settings, ``lora``):
@@ -106,8 +106,7 @@ def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None
         override = OmegaConf.to_container(node, resolve=True) if node is not None else {}
         return {"path": str(model.path), "tokenizer_path": tokenizer_path or model.get("tokenizer_path"),
                 "override_config": dict(override or {}),
-                "export_log_z": bool(OmegaConf.select(cfg, "actor_rollout_ref.actor.policy_loss.flowrl.export_log_z",
-                                                      default=False)),
+                "export_log_z": _exports_extras(OmegaConf.select(cfg, "actor_rollout_ref.actor")),
                 "seed": int(OmegaConf.select(cfg, "data.seed", default=None) or 1)}  # a preset's weights
     hf = ckpt / _HF_EXPORT
     if (hf / "config.json").is_file():
@@ -117,8 +116,20 @@ def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None
                           "trained from is unknown; pass --model-path (the run's actor_rollout_ref.model.path)")
 
 
+def _exports_extras(actor: Any) -> bool:
+    """Whether the run's policy loss (``actor.policy_loss.loss_mode``) exports its extra modules."""
+    from omegaconf import OmegaConf
+
+    from rlforge.algorithms import POLICY_LOSSES, loss_hooks
+
+    mode = OmegaConf.select(actor, "policy_loss.loss_mode") if actor is not None else None
+    if mode not in POLICY_LOSSES:
+        return False
+    return loss_hooks(POLICY_LOSSES.get(mode)).exports_extras(actor)
+
+
 def _split_log_z(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A FlowRL actor's state (``lm.*`` and ``log_z_head.*``) as the LM's and the head's; others unchanged."""
+    """The state of an actor with a log Z head (``lm.*`` and ``log_z_head.*``) as the LM's and the head's; others unchanged."""
     if not any(k.startswith("log_z_head.") for k in state):
         return state, {}
     lm = {k.removeprefix("lm."): v for k, v in state.items() if k.startswith("lm.")}

@@ -101,7 +101,7 @@ def mfu_metrics(
     whose logits the update computes; None = all) and ``head_recompute`` (the chunked LM head
     recomputes its forward in backward) as :func:`~rlforge.perf.flops.train_flops` takes them;
     ``saved_work``: ``(tokens, Σ s²)`` the update's shared-prompt layout did not compute
-    (:attr:`rlforge.engine.base.TrainEngine.saved_work`), whose FLOPs ``perf/hfu/actor`` does not
+    (:data:`rlforge.engine.base.SAVED_TOKENS` of the actor update), whose FLOPs ``perf/hfu/actor`` does not
     count (``perf/mfu/*`` count the unshared rows: the work done for the user).
     Nothing is reported when the device peak is unknown (CPU).
     """

@@ -160,7 +160,7 @@ class PPOTrainer:
         changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(self.cfg))
         actor = self.job.actor.engine
         fresh = optim_settings(actor)
-        reference = {k: tuple(v.shape) for k, v in self.job.actor_lm.state_dict().items()}
+        reference = {k: tuple(v.shape) for k, v in self.job.rollout_model.state_dict().items()}
         ckpt.restore(actor, path, "actor", "actor_rollout_ref.model", reference)
         apply_optim_settings(actor, fresh)  # the new lr, schedule, weight decay, betas take effect
         self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights
@@ -211,17 +211,17 @@ class PPOTrainer:
 
     def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
-        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; FlowRL's log Z head only when
-        ``policy_loss.flowrl.export_log_z`` asks for it.  The weights come from the engine's full
+        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; a policy loss's log Z head only
+        where its hooks ask for it (``exports_extra_modules``).  The weights come from the engine's full
         (gathered, CPU, master-dtype) ``model_state``, not from the rollout's compute-dtype copy."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         if "hf_model" not in actor_cfg.checkpoint.save_contents:
             return {}
-        lm, tok = self.job.actor_lm, self.job.tokenizer
+        lm, tok = self.job.rollout_model, self.job.tokenizer
         wrapped = any(k.startswith("log_z_head.") for k in model_state)  # PolicyWithLogZ: lm.* and log_z_head.*
         lm_state = {k[3:]: v for k, v in model_state.items() if k.startswith("lm.")} if wrapped else model_state
         head = {k[len("log_z_head."):]: v for k, v in model_state.items() if k.startswith("log_z_head.")}
-        export_head = bool(head) and actor_cfg.policy_loss.flowrl.export_log_z
+        export_head = bool(head) and self.job.actor.hooks.exports_extras(actor_cfg)
         plan = self.job.actor_lora
 
         def write(folder: Path) -> None:
@@ -325,9 +325,9 @@ class PPOTrainer:
                     out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
                     batch["old_log_probs"] = out["log_probs"]
                     m.update(self._old_log_prob_metrics(batch, out))
-            if job.ref is not None:
+            if job.reference is not None:
                 with self._stage("ref", m):
-                    batch["ref_log_prob"] = job.ref.compute_log_prob(batch, temperature)["log_probs"]
+                    batch["ref_log_prob"] = job.reference.compute_log_prob(batch, temperature)["log_probs"]
             if job.critic is not None:
                 with self._stage("values", m):
                     batch["values"] = job.critic.compute_values(batch)
@@ -337,15 +337,17 @@ class PPOTrainer:
                 with self._stage("update_critic", m):
                     m.update({f"critic/{k}": v for k, v in job.critic.update(batch).items()})
                     job.critic.engine.lr_scheduler_step()
+            saved_work = (0.0, 0.0)  # what the shared-prompt layout did not compute (actor.use_prefix_grouper)
             if updates_actor:
-                job.actor.engine.saved_work = (0.0, 0.0)
                 with self._stage("update_actor", m):
-                    m.update({f"actor/{k}": v for k, v in job.actor.update(batch, temperature, on_policy).items()})
+                    result = job.actor.update(batch, temperature, on_policy)
+                    m.update({f"actor/{k}": v for k, v in result.metrics.items()})
+                    saved_work = result.saved_work
                     job.actor.engine.lr_scheduler_step()
                     if on_policy:  # the update's forward gave the old log-probs
-                        assert job.actor.last_forward is not None
-                        batch["old_log_probs"] = job.actor.last_forward["log_probs"]
-                        m.update(self._old_log_prob_metrics(batch, job.actor.last_forward))
+                        assert result.forward is not None
+                        batch["old_log_probs"] = result.forward["log_probs"]
+                        m.update(self._old_log_prob_metrics(batch, result.forward))
                     m.update(job.actor.engine.metrics())  # parallel/* placement (strategy=megatron)
                 if not np.isfinite(m["actor/pg_loss"]):
                     raise RLForgeError(
@@ -357,15 +359,15 @@ class PPOTrainer:
         m.update(throughput_metrics(batch, m["timing_s/step"]))
         m.update(memory_metrics(stages=self.stage_memory))
         m.update(mfu_metrics(
-            m, batch["attention_mask"].sum(-1).tolist(), job.actor_lm.config,
+            m, batch["attention_mask"].sum(-1).tolist(), job.rollout_model.config,
             job.critic.engine.module.config if job.critic is not None else None,
             arr.actor.ppo_epochs, cfg.critic.ppo_epochs, self.peak_flops,
             recompute=bool(arr.model.enable_gradient_checkpointing),
             head_tokens=float(batch["response_mask"].sum()) if job.actor.head_chunk_size > 0 else None,
-            head_recompute=job.actor.head_chunk_size > 0, saved_work=job.actor.engine.saved_work,
+            head_recompute=job.actor.head_chunk_size > 0, saved_work=saved_work,
         ))
-        if updates_actor and job.actor.engine.saved_work[0] > 0:  # actor.use_prefix_grouper took effect
-            m["perf/prefix_grouper/saved_tokens"], m["perf/prefix_grouper/saved_s2"] = job.actor.engine.saved_work
+        if saved_work[0] > 0:  # actor.use_prefix_grouper took effect
+            m["perf/prefix_grouper/saved_tokens"], m["perf/prefix_grouper/saved_s2"] = saved_work
         for key, values in batch.non_tensor.items():
             if key.startswith("reward_extra/"):
                 arr = np.asarray(values, dtype=np.float64)

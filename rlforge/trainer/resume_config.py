@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from rlforge.algorithms import POLICY_LOSSES, loss_hooks
 from rlforge.errors import CheckpointError
 
 FROZEN: tuple[str, ...] = tuple(
@@ -26,8 +27,8 @@ FROZEN: tuple[str, ...] = tuple(
                                                 "lora_adapter_path")]
     + [f"critic.model.{k}" for k in ("path", "tokenizer_path", "override_config", "external_lib", "lora_rank",
                                      "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")]
-    + ["critic.enable", "data.tokenizer", "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode",
-       "actor_rollout_ref.actor.policy_loss.flowrl.log_z_hidden_size"]
+    + ["critic.enable", "data.tokenizer", "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode"]
+    + [k for name in POLICY_LOSSES.names() for k in loss_hooks(POLICY_LOSSES.get(name)).frozen_keys]
 )
 """Keys (and sub-trees) whose value must equal the checkpoint's: they decide the saved state's shapes and meaning."""
 

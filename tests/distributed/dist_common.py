@@ -97,7 +97,7 @@ def run_actor(engine, batch, mode: str, micro: int, chunk: int = 0):
 
     actor = Actor(engine, actor_cfg(mode), mini_batch_size=len(batch), micro_batch_size=micro,
                   log_prob_micro_batch_size=2, head_chunk_size=chunk)
-    metrics = actor.update(batch, TEMPERATURE)
+    metrics = actor.update(batch, TEMPERATURE).metrics
     logp = actor.compute_log_prob(batch, TEMPERATURE)["log_probs"]
     return metrics, logp
 
@@ -233,8 +233,8 @@ def _case_steps(out: Path, opts: dict) -> None:
                                           exclude_modules=None, lora_adapter_path=None), "model", "preset:tiny")
     engine = ENGINES.get(opts["strategy"])(model, info.device, fsdp_config=fsdp_cfg, optim_cfg=cfg.optim,
                                            total_steps=10, grad_clip=cfg.grad_clip,
-                                           gradient_checkpointing=opts.get("ckpt", False))
-    engine.trainable_state_only = bool(opts.get("lora"))
+                                           gradient_checkpointing=opts.get("ckpt", False),
+                                           trainable_state_only=bool(opts.get("lora")))
     per_step, offloaded = [], []
     for _ in range(opts["steps"]):
         per_step.append(run_actor(engine, mine, opts["mode"], opts["micro"])[0])

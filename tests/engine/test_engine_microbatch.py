@@ -74,7 +74,7 @@ def _train_step_grads(model, batch, cfg, micro: int) -> tuple[torch.Tensor, dict
     opt = GradCapture(model.parameters())
     engine = LocalEngine(model, torch.device("cpu"), opt, None, grad_clip=cfg.grad_clip)
     actor = Actor(engine, cfg, mini_batch_size=len(batch), micro_batch_size=micro, log_prob_micro_batch_size=6)
-    metrics = actor.update(batch, TEMPERATURE)
+    metrics = actor.update(batch, TEMPERATURE).metrics
     assert opt.grads is not None
     return opt.grads, metrics
 

@@ -41,8 +41,8 @@ def _engine(module, optim: bool = True):
     from rlforge.engine import ENGINES
 
     eng = ENGINES.get("fsdp2")(module, CPU, fsdp_config=FSDPConfig(), optim_cfg=dc.actor_cfg().optim if optim else None,
-                               total_steps=10, grad_clip=1.0, gradient_checkpointing=True)
-    eng.trainable_state_only = True
+                               total_steps=10, grad_clip=1.0, gradient_checkpointing=True,
+                               trainable_state_only=True)
     return eng
 
 
@@ -84,9 +84,9 @@ def trained(tmp_path_factory):
     engine = _engine(model)
     actor = _actor(engine)
     n_opt = sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"])
-    first = [actor.update(batch, dc.TEMPERATURE)]
+    first = [actor.update(batch, dc.TEMPERATURE).metrics]
     mid_state = copy.deepcopy(engine.state_dict())  # on one CPU rank the full tensors may alias the parameters
-    first.append(actor.update(batch, dc.TEMPERATURE))
+    first.append(actor.update(batch, dc.TEMPERATURE).metrics)
     ref = LogProbModel(AdapterOffEngine(engine), 2, BUDGET, remove_padding=True)
     out = {
         "base": base, "tok": tok, "batch": batch, "plan": plan, "engine": engine, "actor": actor, "n_opt": n_opt,

@@ -79,7 +79,7 @@ def test_exported_adapter_loads_with_peft(run_a, tmp_path, tiny_tokenizer):
     assert main(["export", str(ckpt), "--out", str(tmp_path / "merged"), "--merge"]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     batch = left_padded_batch(tiny_tokenizer.pad_token_id, 2, [3, 6, 4], [2, None, 5], 7)
-    rollout_copy = _log_probs(job.actor_lm, batch)  # the rollout's plain copy, synced (merged) after step 2
+    rollout_copy = _log_probs(job.rollout_model, batch)  # the rollout's plain copy, synced (merged) after step 2
 
     def base():
         return load_causal_lm("preset:tiny", tiny_tokenizer, seed=1)  # the run's base weights (data.seed=1)
@@ -106,8 +106,8 @@ def test_lora_adapter_path_starts_from_the_adapter(run_a, tmp_path):
                                       f"trainer.default_local_dir={tmp_path}"], job="default")
     job = build_job(cfg)
     batch = left_padded_batch(job.tokenizer.pad_token_id, 2, [3, 6, 4], [2, None, 5], 7)
-    want = _log_probs(job_a.actor_lm, batch)
-    assert torch.allclose(_log_probs(job.actor_lm, batch), want, atol=1e-5, rtol=0)
+    want = _log_probs(job_a.rollout_model, batch)
+    assert torch.allclose(_log_probs(job.rollout_model, batch), want, atol=1e-5, rtol=0)
     mask = batch["response_mask"].bool()
     assert torch.allclose(job.actor.compute_log_prob(batch, 1.0)["log_probs"][mask], want, atol=1e-5, rtol=0)
-    assert (job.ref.compute_log_prob(batch, 1.0)["log_probs"][mask] - want).abs().max() > 1e-4
+    assert (job.reference.compute_log_prob(batch, 1.0)["log_probs"][mask] - want).abs().max() > 1e-4

@@ -61,13 +61,14 @@ def test_on_policy_update_equals_the_two_forward_update(model, batch, micro, bud
     b2.tensors = two
     actor.update(b2, TEMPERATURE)
     g_two = opt.grads.clone()
-    m = actor.update(b, TEMPERATURE, on_policy=True)
+    result = actor.update(b, TEMPERATURE, on_policy=True)
+    m, forward = result.metrics, result.forward
     g_one = opt.grads.clone()
     assert float((g_one - g_two).norm() / g_two.norm()) < 1e-5
     mask = b["response_mask"].bool()
-    torch.testing.assert_close(actor.last_forward["log_probs"][mask], ref["log_probs"][mask], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(actor.last_forward["entropys"][mask], ref["entropys"][mask], atol=1e-5, rtol=1e-5)
-    assert (actor.last_forward["log_probs"][~mask] == 0).all()
+    torch.testing.assert_close(forward["log_probs"][mask], ref["log_probs"][mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(forward["entropys"][mask], ref["entropys"][mask], atol=1e-5, rtol=1e-5)
+    assert (forward["log_probs"][~mask] == 0).all()
     assert m["ppo_kl"] == 0.0 and m["pg_clipfrac"] == 0.0  # ratio exactly 1
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from rlforge.cli import main
 from rlforge.engine import packing
-from rlforge.trainer.build import _prefix_grouper
+from rlforge.trainer.build import prefix_grouper
 
 BASE = [
     "actor_rollout_ref.model.path=preset:tiny",
@@ -73,16 +73,16 @@ def test_where_it_cannot_take_effect(tiny_tokenizer):
 
     sdpa = load_causal_lm("preset:tiny", tiny_tokenizer, {}, seed=1)
     with pytest.warns(UserWarning, match="use_prefix_grouper=True needs the 'rlforge_varlen' attention"):
-        assert _prefix_grouper(sdpa, packed=True, choice=True, n=4) is False
+        assert prefix_grouper(sdpa, packed=True, choice=True, n=4) is False
     varlen = load_causal_lm("preset:tiny", tiny_tokenizer, {"attn_implementation": "rlforge_varlen"}, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the padded forward: config.later_work has already warned
-        assert _prefix_grouper(sdpa, packed=False, choice=True, n=4) is False
+        assert prefix_grouper(sdpa, packed=False, choice=True, n=4) is False
         # the default warns nowhere: off on other attention, off with one response per prompt
-        assert _prefix_grouper(sdpa, packed=True, choice=None, n=4) is False
-        assert _prefix_grouper(varlen, packed=True, choice=None, n=1) is False
-        assert _prefix_grouper(varlen, packed=False, choice=None, n=4) is False
-        assert _prefix_grouper(varlen, packed=True, choice=False, n=4) is False
-    assert _prefix_grouper(varlen, packed=True, choice=True, n=4) is True
-    assert _prefix_grouper(varlen, packed=True, choice=None, n=4) is True
-    assert _prefix_grouper(varlen, packed=True, choice=True, n=1) is True  # asked for: nothing to share, harmless
+        assert prefix_grouper(sdpa, packed=True, choice=None, n=4) is False
+        assert prefix_grouper(varlen, packed=True, choice=None, n=1) is False
+        assert prefix_grouper(varlen, packed=False, choice=None, n=4) is False
+        assert prefix_grouper(varlen, packed=True, choice=False, n=4) is False
+    assert prefix_grouper(varlen, packed=True, choice=True, n=4) is True
+    assert prefix_grouper(varlen, packed=True, choice=None, n=4) is True
+    assert prefix_grouper(varlen, packed=True, choice=True, n=1) is True  # asked for: nothing to share, harmless

@@ -28,7 +28,7 @@ The role's forward and loss functions run unchanged on the last stage: they rece
 :class:`PrecomputedModel` whose call returns the output the stages computed for exactly that
 micro-batch (vocabulary-parallel logits as a ``DTensor``, see
 :mod:`rlforge.algorithms.vocab_parallel`).  Forwards that need something else from the model
-(the padding-free packed forward, FlowRL's log Z head) are refused with a clear error.
+(the padding-free packed forward, a policy loss's log Z head) are refused with a clear error.
 
 Without a pipeline (``pp = 1``) micro-batches may differ in shape: under a token budget the rows
 are grouped by length (:func:`~rlforge.engine.megatron.inputs.length_sorted_micro_batches`), and
@@ -117,10 +117,13 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         role_key: the role's config prefix (``actor_rollout_ref.actor``, ``critic``, ...), for errors.
         optim_cfg, total_steps, optim_key, grad_clip, gradient_checkpointing, activation_offload:
             as :class:`~rlforge.engine.fsdp2.FSDP2Engine`.
-        fsdp_config, param_groups, mesh: accepted for the registry's signature; ``param_groups``
-            (FlowRL's log Z head) is refused.
+        fsdp_config, param_groups, mesh, share_prompts, trainable_state_only: accepted for the
+            registry's signature; ``param_groups`` (a policy loss's extra head), ``share_prompts``
+            and ``trainable_state_only`` are refused.
     Raises:
-        ConfigError: sizes that do not fit the world or the model (naming the key), FlowRL.
+        ConfigError: sizes that do not fit the world or the model (naming the key), a policy loss's
+            extra head.
+        ValueError: ``share_prompts`` or ``trainable_state_only``.
         RuntimeError: no process group.
     """
 
@@ -133,8 +136,11 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         role_key: str = "actor_rollout_ref.actor", optim_cfg: Any | None = None, total_steps: int = 1,
         optim_key: str = "optim", grad_clip: float = 1.0, param_groups: Any = None,
         gradient_checkpointing: bool = False, activation_offload: bool = False, mesh: Any = None,
-        compile_layers: bool = False,
+        compile_layers: bool = False, share_prompts: bool = False, trainable_state_only: bool = False,
     ) -> None:
+        if share_prompts or trainable_state_only:
+            raise ValueError("strategy=megatron runs neither shared prompts (it runs padded micro-batches) nor "
+                             "a trainable-only state (LoRA)")
         if not is_initialized():
             raise RuntimeError("strategy=megatron needs torch.distributed: launch with torchrun (or "
                                "trainer.n_gpus_per_node > 1) and call rlforge.engine.distributed.init_distributed()")
@@ -143,8 +149,8 @@ class MegatronEngine(WeightsAndState, TrainEngine):
 
             compile_regions(module, device)
         if param_groups is not None or callable(getattr(module, "forward_with_log_z", None)):
-            raise ConfigError(f"{role_key}.strategy=megatron does not train FlowRL's log Z head "
-                              "(policy_loss.loss_mode=flowrl); use strategy=fsdp2")
+            raise ConfigError(f"{role_key}.strategy=megatron does not train the log Z head that "
+                              f"{role_key}.policy_loss.loss_mode adds; use strategy=fsdp2")
         cfg = megatron_config or MegatronConfig()
         key = f"{role_key}.megatron"
         self.dims = dims = parallel_dims(cfg, get_world_size(), key)

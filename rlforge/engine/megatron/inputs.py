@@ -46,7 +46,7 @@ class PrecomputedModel:
 
     Raises:
         RuntimeError: called with other inputs (e.g. a packed, padding-free row).
-        AttributeError: asked for anything else of the model (FlowRL's ``forward_with_log_z``,
+        AttributeError: asked for anything else of the model (a log Z head's ``forward_with_log_z``,
             the head for fused log-probs), with a message saying so.
     """
 
@@ -67,7 +67,7 @@ class PrecomputedModel:
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"strategy=megatron: the loss asked the model for {name!r}; only the logits of the "
-                           "micro-batch are available (FlowRL's log Z head and fused heads need strategy=fsdp2)")
+                           "micro-batch are available (a policy loss's log Z head and fused heads need strategy=fsdp2)")
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

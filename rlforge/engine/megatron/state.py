@@ -10,7 +10,7 @@ parameter names, in order), ``_local_params`` (this rank's parameters by HF name
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,14 +44,17 @@ class WeightsAndState:
                 out.setdefault(clean_name(k), v)
         return out
 
-    def full_params_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params_iter(self, device: torch.device | str | None = None,
+                         keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(HF name, full tensor)`` of every state-dict entry, one at a time, on every rank
-        (collective; see :mod:`~rlforge.engine.megatron.weights`)."""
+        (collective; see :mod:`~rlforge.engine.megatron.weights`).  ``keep``: a name filter
+        (every entry is still gathered, the collectives being planned for all; None = all)."""
         dest = torch.device(device) if device is not None else self.device
         local = self._local_state()
         for name, t in gather_entries(self._entries, local.__getitem__, self.pm.pp_rank, self.pm.pp_ranks,
                                       self.pm.pp_group, self.device):
-            yield name, t.to(dest)
+            if keep is None or keep(name):
+                yield name, t.to(dest)
 
     def full_grads_iter(self, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(HF parameter name, full gradient)`` after :meth:`accumulate_grads`, one at a time, on
