@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlforge.algorithms import entropy_from_logits
+from rlforge.algorithms.entropy import entropy_from_logits
 from rlforge.algorithms.log_probs import log_probs_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.varlen import packed_attention_args

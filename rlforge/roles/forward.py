@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from rlforge.algorithms import entropy_from_logits
+from rlforge.algorithms.entropy import entropy_from_logits
 from rlforge.algorithms.log_probs import log_probs_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.packing import plan_or_make
