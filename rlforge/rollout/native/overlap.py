@@ -115,6 +115,9 @@ def read_burst(burst: Burst) -> tuple[dict[int, list[int]], dict[int, list[float
 class Steps:
     """Runs the steps of one ``generate`` call and holds the ones launched but not read back.
 
+    Log-probs reach the sequences only with the engine's ``calculate_log_probs`` (a sampler
+    may return them anyway).
+
     Args:
         engine: the :class:`~.engine.NativeRollout` whose ``_launch_mixed`` and ``_launch_burst``
             enqueue the device work; its ``overlap_steps``, ``calculate_log_probs`` and ``device``.
@@ -219,7 +222,8 @@ class Steps:
         self.read += 1
         sids = mx.sample_seq_ids
         self.sched.update_burst(out, {sid: [t] for sid, t in zip(sids, toks, strict=True)},
-                                None if lps is None else {sid: [x] for sid, x in zip(sids, lps, strict=True)})
+                                None if lps is None or not self.log_probs
+                                else {sid: [x] for sid, x in zip(sids, lps, strict=True)})
         self.on_tokens(len(toks))
         self.sampled += len(toks)
 
@@ -229,7 +233,7 @@ class Steps:
         assert mx is not None
         toks, lps = read_mixed(mx, self.log_probs)
         self.read += 1
-        self.sched.confirm(mx.records, toks, lps)
+        self.sched.confirm(mx.records, toks, lps if self.log_probs else None)
         self.on_tokens(len(toks))
         self.sampled += len(toks)
 
@@ -252,7 +256,7 @@ class Steps:
         assert pend is not None
         toks, lps = read_burst(pend)
         self.read += 1
-        self.sched.update_burst(pend.out, toks, lps)
+        self.sched.update_burst(pend.out, toks, lps if self.log_probs else None)
         self.decode_s += time.perf_counter() - self._t  # ends with a host read: GPU time included
         n = sum(len(t) for t in toks.values())
         self.on_tokens(n)
