@@ -1,7 +1,9 @@
-"""A mixin for scripted multi-turn rollouts in the tests: before each engine step it records, in the
-engine's sampling order, ``(seq id, tokens of the current model turn so far)`` of the sequences that
-sample in that step (``self._order``, read from ``self._j`` on), so a test's sampler can emit each
-sequence's scripted token.  The class using it says where a sequence's current turn starts."""
+"""A mixin for scripted multi-turn rollouts in the tests: before each engine step is launched it
+records, in the engine's sampling order, ``(seq id, tokens of the current model turn so far)`` of the
+sequences that sample in that step (``self._order``, read from ``self._j`` on), so a test's sampler can
+emit each sequence's scripted token.  Tokens the host has not read yet count: placeholders of a launched
+mixed step, and the ``ahead`` tokens of a launched burst that the next one follows.  The class using it
+says where a sequence's current turn starts."""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ class TurnPlan:
         """Index in ``seq.output_ids`` where the sequence's current model turn starts."""
         raise NotImplementedError
 
-    def _plan(self, seqs) -> None:
-        self._order = [(s.seq_id, len(s.output_ids) - self._turn_start_of(s.seq_id)) for s in seqs]
+    def _plan(self, seqs, ahead: int = 0) -> None:
+        self._order = [(s.seq_id, len(s.output_ids) + ahead - self._turn_start_of(s.seq_id)) for s in seqs]
         self._j = 0
 
-    def _mixed_step(self, runner, out, params):
+    def _launch_mixed(self, runner, out, params, prev=None):
         self._plan([s for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
                     if s.num_computed_tokens + n == s.num_tokens])
-        return super()._mixed_step(runner, out, params)
+        return super()._launch_mixed(runner, out, params, prev)
 
-    def _decode_burst(self, runner, out, k, params):
-        self._plan(out.seqs)
-        return super()._decode_burst(runner, out, k, params)
+    def _launch_burst(self, runner, out, k, params, first_ids=None, ahead=0):
+        self._plan(out.seqs, ahead)
+        return super()._launch_burst(runner, out, k, params, first_ids=first_ids, ahead=ahead)

@@ -99,13 +99,13 @@ def test_agent_loop_bursts_are_capped(tiny_tokenizer, mt_model, calculator, scri
                   multi_turn=MultiTurnConfig(enable=True), tools={"calculator": calculator}, script=script,
                   max_num_batched_tokens=64, enable_prefix_caching=False, **kwargs)
     bursts: list[int] = []
-    inner = ro._decode_burst
+    inner = ro._launch_burst
 
-    def record(runner, out, k, params):
+    def record(runner, out, k, params, **kw):
         bursts.append(k)
-        return inner(runner, out, k, params)
+        return inner(runner, out, k, params, **kw)
 
-    ro._decode_burst = record
+    ro._launch_burst = record
     out = ro.generate(text_prompts(tok, PROMPTS), SamplingParams(temperature=1.0, max_new_tokens=200))
     assert max(bursts) == cap
     assert out["responses"][0, :len(long_turn)].tolist() == long_turn

@@ -1,25 +1,16 @@
-"""``NativeRollout``: the engine loop ``schedule() -> run() -> update()`` behind :class:`Rollout`.
+"""``NativeRollout``: the engine loop behind :class:`Rollout`, nano-vllm's ``schedule -> run -> postprocess``.
 
-Each ``generate`` call turns every row of the left-padded prompt batch into a
-:class:`Sequence` and loops until all finish.  A step that mixes prefill chunks and decodes
-runs eagerly and synchronises once to read its tokens.  A step where every sequence only
-decodes becomes a *burst*: up to ``max_decode_burst`` decode steps run back to back on the
-device (CUDA graphs on GPU), each feeding its sampled tokens to the next, and the host reads
-all their tokens at once.  Tokens sampled after a sequence's EOS inside a burst are dropped.
-
-Overlapped steps (``overlap_steps``, on by default): the host launches each step before it
-reads the one before, so its bookkeeping (reading tokens, EOS and length checks, scheduling,
-the next step's inputs and block tables) runs while the GPU works instead of between steps.
-Sampled tokens are copied to pinned memory behind an event, so a read waits for its own step
-only.  After a mixed step the host holds a placeholder (:data:`~.scheduler.PLACEHOLDER`) for each
-sampled token (:meth:`~.scheduler.Scheduler.provisional_update`), schedules and launches the next
-step, whose decode rows are fed those tokens on the device, and then writes the real tokens
-in (:meth:`~.scheduler.Scheduler.confirm`).  A decode burst is followed by the next burst of the
-same sequences, fed its last tokens on the device.  Lengths are known to the host, so a sequence
-that reaches ``max_new_tokens`` is never decoded again; a sequence that samples EOS decodes
-through the one step launched after it, whose tokens for it are dropped (at most one extra step
-or burst per such sequence, the cost of not waiting).  A burst is not overlapped while a waiting
-sequence could be admitted after it (then the host reads first, so admission is not delayed).
+Each ``generate`` call turns every row of the left-padded prompt batch into a :class:`Sequence`
+and loops until all finish: the scheduler picks the next step (:meth:`.Scheduler.schedule`),
+:class:`~.overlap.Steps` runs it on the device and reads its tokens back into the scheduler
+(:meth:`.Scheduler.update_burst`), and :class:`LoopHooks` act on what stopped (nothing for
+single-turn generation; the agent loop, :mod:`rlforge.rollout.multi_turn.native`, runs a turn's
+tools there and puts the sequence back with their tokens).  A step that mixes prefill chunks and
+decodes runs eagerly.  A step where every sequence only decodes becomes a *burst*: up to
+``max_decode_burst`` decode steps run back to back on the device (CUDA graphs on GPU), each feeding
+its sampled tokens to the next, and the host reads all their tokens at once.  Tokens sampled after a
+sequence's EOS inside a burst are dropped.  With ``overlap_steps`` (on by default) the host launches
+each step before it reads the one before (:mod:`.overlap` holds what is in flight).
 
 Memory (``free_cache_engine``): "wake" allocates the KV cache and captures the CUDA graphs
 before generation; "sleep" frees both afterwards so training gets the memory back.  With
@@ -35,7 +26,6 @@ the module's own tensor, read in place.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,37 +48,34 @@ from rlforge.rollout.native.model_runner import (
     right_padded,
     unsupported_reason,
 )
+from rlforge.rollout.native.overlap import Burst, Mixed, Steps, device_index, pending_rows
 from rlforge.rollout.native.rollout_weights import RolloutWeights
-from rlforge.rollout.native.sampler import NON_FINITE, sample_with_log_probs
-from rlforge.rollout.native.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig, SchedulerOutput
-from rlforge.rollout.native.sequence import Sequence, SequenceStatus
+from rlforge.rollout.native.sampler import sample_with_log_probs
+from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from rlforge.rollout.native.sequence import Sequence
 
 
-@dataclass
-class _Burst:
-    """A launched decode burst: ``k`` steps of ``out.seqs`` (one token fed each), its tokens
-    ``[B, k]`` long on the device, and the host copies (tokens, log-probs or None, finite flag)
-    that are valid once ``event`` (None on CPU: already copied) has completed."""
+class LoopHooks:
+    """What :meth:`NativeRollout.generate`'s loop does besides its steps.  These defaults (single-turn
+    generation) do nothing; the agent loop's :class:`~rlforge.rollout.multi_turn.native.TurnHooks`
+    runs the tools of each turn that ends and puts the sequence back into the scheduler."""
 
-    out: SchedulerOutput
-    k: int
-    toks: torch.Tensor
-    host: tuple[Any, ...]
-    event: Any
+    def busy(self, steps: Steps) -> bool:
+        """True while work outside the scheduler may still bring a sequence back (the loop goes on)."""
+        return False
 
+    def pause(self, steps: Steps) -> bool:
+        """True when no step should be launched now: the loop calls :meth:`wait` instead."""
+        return False
 
-@dataclass
-class _Mixed:
-    """A launched mixed step: the seq ids of its sampled rows, their row in ``tok`` (``[S]`` long
-    on the device, None when nothing is sampled), the host copies (tokens, log-probs or None,
-    finite flag) valid once ``event`` has completed, and the placeholders it left on the host."""
+    def wait(self, steps: Steps) -> None:
+        """Called instead of a step when :meth:`pause` says so."""
 
-    sample_seq_ids: list[int]
-    row: dict[int, int]
-    tok: torch.Tensor | None
-    host: tuple[Any, ...]
-    event: Any
-    records: list[tuple[Sequence, int]] = field(default_factory=list)
+    def postprocess(self, steps: Steps) -> None:
+        """Called after each step (or :meth:`wait`): act on the sequences that stopped."""
+
+    def close(self) -> None:
+        """Called after the loop, also when it raised."""
 
 
 @ROLLOUTS.register("native")
@@ -290,18 +277,40 @@ class NativeRollout(Rollout):
             raise ValueError(f"prompt row {r} holds token id {int(ids[r, c])} at column {c}, outside the model's "
                              f"vocabulary of {vocab} (is the tokenizer the model's?)")
 
-    @torch.no_grad()
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """See :class:`~rlforge.rollout.base.Rollout`.  Raises ValueError for bad prompts
-        (see :meth:`_check_prompts`), RLForgeError when the KV cache cannot be allocated."""
+    def _sequences(self, prompts: Batch, params: SamplingParams) -> list[Sequence]:
+        """One :class:`Sequence` per prompt row (row ``i`` is ``seq_id`` ``i``).  Raises ValueError
+        for bad prompts (see :meth:`_check_prompts`)."""
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         self._check_prompts(ids, mask)
         # left-padded (checked above): row i's tokens are its last `len_i` columns; one numpy copy, not a
         # masked copy per row (1,024 x 256 prompts: 38 -> ~5 ms of host time)
         ids_np, starts = ids.cpu().numpy(), (ids.shape[1] - mask.sum(1)).tolist()
-        seqs = [Sequence(i, ids_np[i, st:].tolist(), params.max_new_tokens) for i, st in enumerate(starts)]
+        return [Sequence(i, ids_np[i, st:].tolist(), params.max_new_tokens) for i, st in enumerate(starts)]
+
+    def _eos(self) -> frozenset[int]:
+        """The token ids that end a response (none with ``ignore_eos``)."""
+        return frozenset() if self.ignore_eos else frozenset(self.eos_ids)
+
+    def _hooks(self, prompts: Batch) -> LoopHooks:
+        """What the loop does between steps for ``prompts``: nothing here (the agent loop: turns)."""
+        return LoopHooks()
+
+    def _scheduler(self, bm: BlockManager) -> Scheduler:
+        """This call's scheduler over ``bm``."""
+        return Scheduler(self.scheduler_config, bm, self._eos())
+
+    def _max_burst(self) -> int:
+        """Decode steps per burst at most."""
+        return self.max_decode_burst
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """See :class:`~rlforge.rollout.base.Rollout`; the loop is ``schedule -> run -> postprocess``
+        (module docstring).  Raises ValueError for bad prompts (see :meth:`_check_prompts`),
+        RLForgeError when the KV cache cannot be allocated or a sampled logit is not finite."""
+        seqs = self._sequences(prompts, params)
+        hooks = self._hooks(prompts)
         spec = ModelSpec.from_module(self.module)
-        eos = frozenset() if self.ignore_eos else frozenset(self.eos_ids)
         m: dict[str, float] = {}
         t0 = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
@@ -309,128 +318,67 @@ class NativeRollout(Rollout):
             runner, num_blocks = self._wake(seqs, spec)
             m["rollout/wake_s"] = _elapsed(t0, self.device)
             capture0 = self._graphs.capture_s if self._graphs is not None else 0.0
-            bm = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching)
-            sched = Scheduler(self.scheduler_config, bm, eos)
+            sched = self._scheduler(BlockManager(num_blocks, self.block_size, self.enable_prefix_caching))
             for s in seqs:
                 sched.add(s)
             bar = progress_bar(total=len(seqs) * params.max_new_tokens, desc="gen", unit="tok", leave=False,
                                disable=not self.progress)
-            steps = sampled = decode_steps = bursts = overlapped = overlapped_mixed = 0
-            mixed_s = decode_s = 0.0  # wall time of mixed (prefill) steps and of decode bursts
-            pend: _Burst | None = None  # a launched burst not read yet
-            pmix: _Mixed | None = None  # a launched mixed step whose tokens are placeholders on the host
+            steps = Steps(self, sched, runner, params, self._max_burst(), bar.update)
             t1 = time.perf_counter()
-
-            def confirm(mx: _Mixed) -> None:
-                nonlocal sampled
-                toks, lps = self._read_mixed(mx)
-                sched.confirm(mx.records, toks, lps)
-                bar.update(len(toks))
-                sampled += len(toks)
-
             try:
-                while sched.has_unfinished:
-                    ts = time.perf_counter()
-                    if pend is None:
-                        out = sched.schedule()
-                        if not sched.is_pure_decode(out):
-                            steps += 1
-                            if not self.overlap_steps:
-                                toks, lps = self._mixed_step(runner, out, params)
-                                sched.update_burst(out, toks, lps)
-                                n = sum(len(t) for t in toks.values())
-                                bar.update(n)
-                                sampled += n
-                            else:  # launch, schedule the next step on placeholders, then read this one's tokens
-                                mx = self._launch_mixed(runner, out, params, pmix)
-                                mx.records = sched.provisional_update(out, mx.sample_seq_ids, self.calculate_log_probs)
-                                if pmix is not None:
-                                    confirm(pmix)
-                                    overlapped_mixed += 1
-                                pmix = mx
-                            mixed_s += time.perf_counter() - ts
-                            continue
-                        k = sched.extend_for_burst(out, self.max_decode_burst)
-                        pend = self._launch_burst(runner, out, k, params, first_ids=self._last_ids(out.seqs, pmix))
-                        if pmix is not None:
-                            confirm(pmix)
-                            overlapped_mixed += 1
-                            pmix = None
-                    nxt = self._overlap_next(sched, pend, runner, params) if self.overlap_steps else None
-                    toks, lps = self._read_burst(pend)
-                    sched.update_burst(pend.out, toks, lps)
-                    decode_s += time.perf_counter() - ts  # ends with a host read: GPU time included
-                    n = sum(len(t) for t in toks.values())
-                    bar.update(n)
-                    steps += pend.k
-                    decode_steps += pend.k
-                    sampled += n
-                    bursts += 1
-                    overlapped += nxt is not None
-                    pend = nxt  # a burst launched for sequences that all ended in `pend` is dropped unread
-                if pmix is not None:  # every sequence reached its length in the last mixed step
-                    confirm(pmix)
+                while sched.has_unfinished or hooks.busy(steps):
+                    if hooks.pause(steps):  # no step to launch now: read what is in flight, or wait for a tool
+                        hooks.wait(steps)
+                    else:
+                        steps.run(steps.schedule())  # a launched burst goes on without a new schedule
+                    hooks.postprocess(steps)
+                steps.finish()
             finally:
                 bar.close()
+                hooks.close()
             m["rollout/gen_s"] = _elapsed(t1, self.device)
-            m["rollout/mixed_step_s"] = mixed_s
-            m["rollout/decode_s"] = decode_s
-            m["rollout/decode_steps"] = float(decode_steps)
-            m["rollout/decode_bursts"] = float(bursts)
-            m["rollout/overlapped_bursts"] = float(overlapped)
-            m["rollout/overlapped_mixed_steps"] = float(overlapped_mixed)
-            m["rollout/host_s"] = m["rollout/gen_s"] - mixed_s - decode_s  # outside the steps' own time
+            m.update(steps.metrics(m["rollout/gen_s"]))
             m["rollout/graph_capture_s"] = (self._graphs.capture_s - capture0) if self._graphs is not None else 0.0
         t2 = time.perf_counter()
         if self.free_cache_engine:
             self._sleep()
         m["rollout/sleep_s"] = time.perf_counter() - t2
+        self.last_stats, self.last_num_preemptions = sched.block_manager.stats, sched.num_preemptions
+        return self._result(prompts, seqs, sched, hooks, m)
+
+    def _result(self, prompts: Batch, seqs: list[Sequence], sched: Scheduler, hooks: LoopHooks,
+                m: dict[str, float]) -> Batch:
+        """The output batch; sets :meth:`metrics` from the loop's ``m``."""
+        bm = sched.block_manager
         out_tokens = sum(len(s.output_ids) for s in seqs)
-        self.last_stats, self.last_num_preemptions = bm.stats, sched.num_preemptions
         self._last_metrics = {
             **m,
             "rollout/output_tokens_per_s": out_tokens / max(m["rollout/gen_s"], 1e-9),
-            "rollout/batch_occupancy": sampled / max(steps, 1) / self.scheduler_config.max_num_seqs,
             "rollout/num_preemptions": float(sched.num_preemptions),
             "rollout/kv_cache_peak_usage": bm.stats.peak_blocks_in_use / max(bm.num_blocks, 1),
             "rollout/prefix_hit_blocks": float(bm.stats.prefix_hit_blocks),
         }
         return self._assemble(prompts, seqs)
 
-    def _mixed_step(
-        self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams
-    ) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
-        """One mixed step, read back: ``seq_id -> [token]`` of its sampled rows (and log-probs)."""
-        mx = self._launch_mixed(runner, out, params)
-        toks, lps = self._read_mixed(mx)
-        return ({sid: [t] for sid, t in zip(mx.sample_seq_ids, toks, strict=True)},
-                None if lps is None else {sid: [x] for sid, x in zip(mx.sample_seq_ids, lps, strict=True)})
-
     def _launch_mixed(
-        self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams, prev: _Mixed | None = None
-    ) -> _Mixed:
+        self, runner: ModelRunner, out: SchedulerOutput, params: SamplingParams, prev: Mixed | None = None
+    ) -> Mixed:
         """Enqueue the mixed step ``out`` (prefill chunks and decodes) and the copy of its sampled
         tokens to the host; returns without waiting.  Decode rows whose last token is still a
         placeholder of ``prev`` (launched, not read) are fed that token on the device."""
         inp = prepare_inputs(out, self.block_size, self.device)
-        rows, src = _pending_rows(out.seqs, prev)
+        rows, src = pending_rows(out.seqs, prev)
         if rows:
             if any(out.num_new_tokens[i] != 1 for i in rows):  # only a decode row feeds its newest token
                 raise RLForgeError("internal: a sequence prefills a token that is not read yet")
-            inp.input_ids[self._index([inp.query_start[i] for i in rows])] = prev.tok[self._index(src)]
+            at = device_index([inp.query_start[i] for i in rows], self.device)
+            inp.input_ids[at] = prev.tok[device_index(src, self.device)]
         logits = runner.run(inp)  # always run: a prefill chunk writes K/V even with nothing to sample
         sids = list(inp.sample_seq_ids)
         if not sids:
-            return _Mixed(sids, {}, None, (None, None, None), None)
+            return Mixed(sids, {}, None, (None, None, None), None)
         tok, lp, finite = sample_with_log_probs(logits, params, self.generator, self.calculate_log_probs)
-        return _Mixed(sids, {sid: i for i, sid in enumerate(sids)}, tok, *self._to_host(tok, lp, finite))
-
-    def _read_mixed(self, mx: _Mixed) -> tuple[list[int], list[float] | None]:
-        """Wait for ``mx``'s tokens: one per sampled row, in ``mx.sample_seq_ids`` order (and log-probs).
-        Raises RLForgeError on non-finite logits."""
-        if not mx.sample_seq_ids:
-            return [], None if not self.calculate_log_probs else []
-        return _host_lists(mx.host, mx.event)
+        return Mixed(sids, {sid: i for i, sid in enumerate(sids)}, tok, *self._to_host(tok, lp, finite))
 
     def _to_host(self, *xs: torch.Tensor | None) -> tuple[tuple[Any, ...], Any]:
         """Copies of ``xs`` on the host (pinned, not waited for on CUDA) and the event that marks them done."""
@@ -442,32 +390,10 @@ class NativeRollout(Rollout):
             event.record()
         return copies, event
 
-    def _index(self, rows: list[int]) -> torch.Tensor:
-        """``rows`` as an int64 index on the device, copied without waiting for the stream
-        (``torch.tensor(rows, device=...)`` would wait for every queued step: no overlap)."""
-        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-
-    def _last_ids(self, seqs: list[Sequence], prev: _Mixed | None) -> torch.Tensor | None:
-        """``[B]`` long on the device: each sequence's last token, taken from ``prev``'s sampled
-        tokens where the host holds a placeholder; None when no placeholder is pending."""
-        if prev is None:
-            return None
-        ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long).to(self.device, non_blocking=True)
-        rows, src = _pending_rows(seqs, prev)
-        if rows:
-            ids[self._index(rows)] = prev.tok[self._index(src)]
-        return ids
-
-    def _decode_burst(
-        self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams
-    ) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
-        """``k`` decode steps of every sequence in ``out`` with one host read at the end."""
-        return self._read_burst(self._launch_burst(runner, out, k, params))
-
     def _launch_burst(
         self, runner: ModelRunner, out: SchedulerOutput, k: int, params: SamplingParams,
         first_ids: torch.Tensor | None = None, ahead: int = 0,
-    ) -> _Burst:
+    ) -> Burst:
         """Enqueue ``k`` decode steps of the sequences in ``out`` (their slots reserved) and the
         copy of their tokens to the host; returns without waiting.  ``ahead``: tokens each
         sequence has sampled on the device that the host has not read yet (a launched burst's
@@ -512,41 +438,7 @@ class NativeRollout(Rollout):
             if lps is not None and lp is not None:
                 lps[:, j] = lp
             finite &= ok
-        return _Burst(out, k, toks, *self._to_host(toks, lps, finite))
-
-    def _read_burst(self, burst: _Burst) -> tuple[dict[int, list[int]], dict[int, list[float]] | None]:
-        """Wait for ``burst``'s tokens (not for work queued after it); ``seq_id -> k tokens`` and,
-        with ``calculate_log_probs``, their log-probs.  Raises RLForgeError on non-finite logits."""
-        tl, ll = _host_lists(burst.host, burst.event)
-        seqs = burst.out.seqs
-        return ({s.seq_id: t for s, t in zip(seqs, tl, strict=True)},
-                None if ll is None else {s.seq_id: x for s, x in zip(seqs, ll, strict=True)})
-
-    def _overlap_next(
-        self, sched: Scheduler, pend: _Burst, runner: ModelRunner, params: SamplingParams
-    ) -> _Burst | None:
-        """Launch the burst after ``pend`` before ``pend`` is read, or return None: when a waiting
-        sequence could be admitted after ``pend`` (room now, or a sequence may end in it), when
-        every sequence reaches its length in ``pend``, or when the free blocks cannot hold even
-        one more step.  The sequences that reach ``max_new_tokens`` in ``pend`` are left out; the
-        burst runs ``min(max_decode_burst, fewest tokens any of the rest may still sample)``
-        steps, fewer while the free blocks cannot hold them (as
-        :meth:`Scheduler.extend_for_burst`)."""
-        k0, seqs0 = pend.k, pend.out.seqs
-        rows = [i for i, s in enumerate(seqs0)  # an overlapped `pend` may hold sequences that ended before it
-                if s.status is SequenceStatus.RUNNING and s.max_new_tokens - len(s.output_ids) > k0]
-        if not rows:
-            return None
-        if sched.waiting and (sched.eos_ids or len(rows) < len(seqs0)
-                              or len(sched.running) < self.scheduler_config.max_num_seqs):
-            return None
-        seqs = [seqs0[i] for i in rows]
-        k = sched.reserve_burst(seqs, min([self.max_decode_burst] + [s.max_new_tokens - len(s.output_ids) - k0
-                                                                     for s in seqs]), ahead=k0)
-        if k < 1:
-            return None
-        last = pend.toks[:, -1] if len(rows) == len(seqs0) else pend.toks[self._index(rows), -1]
-        return self._launch_burst(runner, SchedulerOutput(seqs, [1] * len(seqs)), k, params, first_ids=last, ahead=k0)
+        return Burst(out, k, toks, *self._to_host(toks, lps, finite))
 
     def _assemble(self, prompts: Batch, seqs: list[Sequence]) -> Batch:
         """The output batch; ``seqs[i]`` is row ``i``."""
@@ -601,27 +493,6 @@ class NativeRollout(Rollout):
             calculate_log_probs=bool(rollout_cfg.calculate_log_probs),
             ignore_eos=bool(rollout_cfg.ignore_eos),
         )
-
-
-def _pending_rows(seqs: list[Sequence], prev: _Mixed | None) -> tuple[list[int], list[int]]:
-    """Indices in ``seqs`` of the sequences whose last token is a placeholder of ``prev`` (a
-    launched mixed step not read yet), and those tokens' rows in ``prev.tok``."""
-    if prev is None:
-        return [], []
-    rows = [i for i, s in enumerate(seqs) if s.output_ids and s.output_ids[-1] == PLACEHOLDER]
-    return rows, [prev.row[seqs[i].seq_id] for i in rows]
-
-
-def _host_lists(host: tuple[Any, ...], event: Any) -> tuple[list[Any], list[float] | None]:
-    """Wait for ``event`` (None: the copies are done), then the host copies (tokens, log-probs or
-    None, finite flag) as lists (numpy's ``tolist``: several times faster than a tensor's).
-    Raises RLForgeError when a sampled logit was not finite."""
-    if event is not None:
-        event.synchronize()
-    toks, lps, finite = host
-    if not bool(finite):
-        raise RLForgeError(NON_FINITE)
-    return toks.numpy().tolist(), None if lps is None else lps.numpy().tolist()
 
 
 def _elapsed(t0: float, device: torch.device) -> float:

@@ -59,6 +59,9 @@ class Scheduler:
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
+    rejoined: bool = False
+    """True while a sequence has joined ``running`` outside :meth:`schedule` (the agent loop's resumed
+    turns) and waits to be scheduled: a launched decode burst is then not followed by another."""
 
     def add(self, seq: Sequence) -> None:
         need = self.block_manager.blocks_for(seq.max_len)
@@ -139,10 +142,10 @@ class Scheduler:
         without the host in between; returns ``k`` (>= 1; the slot of step 1 is already held).
 
         ``k`` is at most ``max_steps``, at most the fewest new tokens any sequence may still
-        sample, 1 when a waiting sequence could be admitted now (so it joins next step), and
+        sample (up to its ``stop_len``), 1 when a waiting sequence could be admitted now (so it joins next step), and
         shrinks until the free blocks cover every sequence's growth.
         """
-        k = min([max_steps] + [s.max_new_tokens - len(s.output_ids) for s in out.seqs])
+        k = min([max_steps] + [s.stop_len - len(s.output_ids) for s in out.seqs])
         if self.waiting and len(self.running) < self.config.max_num_seqs and self.block_manager.can_allocate(
                 self.waiting[0]):
             k = 1
@@ -169,8 +172,8 @@ class Scheduler:
         and retire finished sequences; returns those that finished.  After ``k`` steps on the
         device (``k = 1`` for a single step) ``sampled[seq_id]`` holds the
         ``k`` tokens sampled in a row, each fed back as the next step's input, so the K/V of
-        ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or length limit are
-        dropped (their K/V sit in blocks that are freed with the sequence).  A sequence that is
+        ``n + k - 1`` tokens were written.  Tokens after a sequence's EOS or ``stop_len`` are
+        dropped (their K/V sit in blocks that are freed with the sequence; see :meth:`_finish`).  A sequence that is
         already finished (it ended in the burst before an overlapped one) is skipped."""
         finished = []
         eos = self.eos_ids
@@ -183,15 +186,14 @@ class Scheduler:
                 self.block_manager.mark_computed(seq)
                 continue
             seq.num_computed_tokens += n + len(toks) - 1
-            keep = max(min(len(toks), seq.max_new_tokens - len(seq.output_ids)), 0)  # the length limit
+            keep = max(min(len(toks), seq.stop_len - len(seq.output_ids)), 0)  # the length limit
             if not eos.isdisjoint(toks[:keep]):  # cut after the first EOS
                 keep = next(j for j, tok in enumerate(toks) if tok in eos) + 1
             seq.output_ids.extend(toks[:keep])
             if log_probs is not None:
                 seq.output_log_probs.extend(log_probs[seq.seq_id][:keep])
-            if keep < len(toks) or toks[keep - 1] in eos or len(seq.output_ids) >= seq.max_new_tokens:
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.free_seq(seq)
+            if keep < len(toks) or toks[keep - 1] in eos or len(seq.output_ids) >= seq.stop_len:
+                self._finish(seq)
                 finished.append(seq)
             else:
                 self.block_manager.mark_computed(seq)
@@ -204,7 +206,7 @@ class Scheduler:
         """As :meth:`update_burst` with one token each, for a step whose sampled tokens are still on the device: each
         sequence of ``sampled_ids`` gets :data:`PLACEHOLDER` as its next token (and a 0.0
         log-prob with ``with_log_probs``), so the next step can be scheduled now; the ones that
-        reach ``max_new_tokens`` finish.  Returns ``(sequence, index in output_ids)`` of each
+        reach ``stop_len`` finish.  Returns ``(sequence, index in output_ids)`` of each
         placeholder, in ``sampled_ids`` order, for :meth:`confirm`."""
         sampled = set(sampled_ids)
         by_id: dict[int, tuple[Sequence, int]] = {}
@@ -218,9 +220,8 @@ class Scheduler:
             if with_log_probs:
                 seq.output_log_probs.append(0.0)
             by_id[seq.seq_id] = (seq, len(seq.output_ids) - 1)
-            if len(seq.output_ids) >= seq.max_new_tokens:
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.free_seq(seq)
+            if len(seq.output_ids) >= seq.stop_len:
+                self._finish(seq)
                 finished = True
             else:
                 self.block_manager.mark_computed(seq)
@@ -248,8 +249,13 @@ class Scheduler:
                 if seq.status is SequenceStatus.WAITING:  # preempted since its step was launched
                     self.waiting.remove(seq)
                 if seq.status is not SequenceStatus.FINISHED:
-                    seq.status = SequenceStatus.FINISHED
-                    self.block_manager.free_seq(seq)
+                    self._finish(seq)
                     finished = True
         if finished:
             self.running = [s for s in self.running if s.status is not SequenceStatus.FINISHED]
+
+    def _finish(self, seq: Sequence) -> None:
+        """``seq`` stops sampling (EOS or ``stop_len``): it is marked FINISHED and its blocks are
+        freed; the caller drops it from ``running``.  The agent loop parks it instead."""
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.free_seq(seq)

@@ -19,6 +19,8 @@ class Sequence:
     ``num_computed_tokens`` counts leading tokens (prompt, then generated) whose K/V are in
     the cache; ``num_cached_tokens`` is how many of those came from the prefix cache at the
     last admission.  ``block_table[i]`` holds tokens ``[i*block_size, (i+1)*block_size)``.
+    ``stop_len``: the length of ``output_ids`` at which sampling stops: ``max_new_tokens``, or in
+    the agent loop the end of the current model turn (:class:`~rlforge.rollout.multi_turn.native.AgentScheduler`).
     """
 
     seq_id: int
@@ -31,6 +33,10 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    stop_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stop_len = self.max_new_tokens
 
     @property
     def token_ids(self) -> list[int]:
