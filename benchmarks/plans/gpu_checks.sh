@@ -2,12 +2,13 @@
 # Correctness checks on the device machine (issue 37): every algorithm one step on CUDA, FlowRL vs GRPO
 # (benchmarks/distribution_matching.py) on the GPU, and the CUDA test files. Run from the repository root:
 #
-#   bash benchmarks/plans/gpu_checks.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: algos dm cuda
+#   bash benchmarks/plans/gpu_checks.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: algos dm cuda loop
 #   bash benchmarks/plans/gpu_checks.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
 # Needs, carried: .whl/ (omegaconf, antlr4-python3-runtime, tensordict, pyvers, gguf) and .tok/ (a saved
-# tokenizer, for the tests that read RLFORGE_TEST_TOKENIZER).
+# tokenizer, for the tests that read RLFORGE_TEST_TOKENIZER); for `loop`, .old/ (`git archive REV rlforge
+# benchmarks | tar -x -C .old`, the tree to compare against).
 set -u
 REPO=$PWD
 OUT=${OUT:-/tmp/out}
@@ -47,6 +48,17 @@ step_dm() {  # FlowRL vs GRPO on the three-mode target, on the GPU (trainer.devi
 step_cuda() {  # the CUDA test files of the engine, the rollout and the reward models
   timeout -k 5 ${CUDA_LIMIT:-200} $PYTEST tests/engine/test_engine_cuda.py tests/rollout/test_native_cuda.py \
     tests/rollout/test_split_kv_cuda.py tests/rewards/test_model_reward_cuda.py > "$OUT/cuda.txt" 2>&1
+}
+step_loop() {  # issue 36: the single generation loop against the tree before it (carried in .old/), alternated
+  local tree root
+  for tree in old new new old; do
+    root=$REPO; [ "$tree" = old ] && root=$REPO/.old
+    PYTHONPATH=/tmp/site:$root timeout -k 5 200 python3 "$root/benchmarks/multi_turn_kv.py" --tokenizer "$REPO/.tok" \
+      --reps 3 >> "$OUT/loop_mtkv_$tree.txt" 2>&1
+    PYTHONPATH=/tmp/site:$root timeout -k 5 200 python3 "$root/benchmarks/rollout_throughput.py" \
+      --models qwen2.5-0.5b --workloads random --skip-grpo --hf-setups "" --variants triton-graph-warm \
+      --native-reps 3 --max-num-batched-tokens 32768 >> "$OUT/loop_single_$tree.txt" 2>&1
+  done
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-algos dm cuda}; do
