@@ -162,6 +162,7 @@ def test_top_k_top_p_restrict_support():
     assert set(p.tolist()) == {0}  # p(token 0) = 0.64 >= 0.5
 
 
+@pytest.mark.e2e
 def test_native_rollout_from_the_cli(tmp_path):
     """``rollout.name=native`` trains one step through the real trainer on the distribution task:
     continuous rewards, so the update moves the policy; no fallback warning is printed."""
@@ -182,6 +183,7 @@ def test_native_rollout_from_the_cli(tmp_path):
     assert "timing_s/gen" in row
 
 
+@pytest.mark.e2e
 def test_native_rollout_reports_rollout_metrics(tmp_path):
     """The trainer logs the engine's ``rollout/*`` metrics; with n=4 samples per prompt the
     prompt blocks are shared (prefix hits > 0) and nothing is preempted in a full-size cache."""

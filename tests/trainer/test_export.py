@@ -12,6 +12,8 @@ import torch
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None  # offline machines without the default model's package
 TOKENIZER = [f"actor_rollout_ref.model.tokenizer_path={TOK}"] if TOK else []
 RUN = ["actor_rollout_ref.model.path=preset:tiny", *TOKENIZER, "data.seed=1", "trainer.device=cpu", "data.val_files=null",

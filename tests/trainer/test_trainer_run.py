@@ -10,6 +10,8 @@ from helpers import FAST, SMALL
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 
 def run(tmp: Path, *extra: str) -> list[dict]:
     rc = main(["train", *SMALL, f"trainer.default_local_dir={tmp}", *extra])
