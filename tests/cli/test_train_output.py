@@ -56,6 +56,10 @@ def test_article_style_overrides_run(tmp_path, capsys):
                *TINY_RUN, "--trainer.default_local_dir", str(tmp_path), "trainer.logger=[console]"])
     assert rc == 0
     assert "rlforge train: done in " in capsys.readouterr().out
+    # the run's saved config holds the values, unquoted and typed (not the string 'True', not '"fsdp2"')
+    saved = yaml.safe_load((tmp_path / "global_step_1" / "config.yaml").read_text())
+    actor = saved["actor_rollout_ref"]["actor"]
+    assert actor["use_dynamic_bsz"] is True and actor["strategy"] == "fsdp2"
 
 
 def _printed_config(capsys, entry, *args: str) -> dict:
