@@ -68,6 +68,7 @@ def test_every_policy_loss_trains_on_gpu(tmp_path, name):
     train_one_step(tmp_path, "cuda", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}")
 
 
+@pytest.mark.e2e
 def test_the_check_runs_on_cpu(tmp_path):
     row = train_one_step(tmp_path, "cpu", "actor_rollout_ref.actor.policy_loss.loss_mode=flowrl")
     assert "actor/flowrl/log_z_mean" in row

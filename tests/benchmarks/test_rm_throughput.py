@@ -1,8 +1,9 @@
-"""benchmarks/rm_throughput.py --smoke runs on the CPU and prints its table."""
+"""benchmarks/rm_throughput.py --smoke runs on the CPU, prints its table, and its scores equal a plain forward."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 
@@ -13,5 +14,10 @@ def test_rm_throughput_smoke(capsys) -> None:
     spec.loader.exec_module(mod)
     mod.main(["--smoke", "--device", "cpu"])
     out = capsys.readouterr().out
-    for row in ("rlforge stage", "rlforge resident", "transformers (baseline)", "scores/s", "tokens/s"):
-        assert row in out, out
+    # the benchmark's scores against a plain unpadded forward of the same model on the same ids
+    err = float(re.search(r"max \|score - unpadded forward\| = (\S+)$", out, re.M).group(1))
+    assert err < 1e-4, out
+    for row in ("rlforge stage", "rlforge resident", "transformers (baseline)"):
+        cells = re.search(rf"^{re.escape(row)}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)x$", out, re.M)
+        assert cells is not None, out
+        assert all(float(c) > 0 for c in cells.groups()), out  # scores/s, tokens/s, ms/iter, ratio

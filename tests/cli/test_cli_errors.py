@@ -39,6 +39,7 @@ def in_process(capfd, *args: str, module: str = "rlforge.cli") -> subprocess.Com
     return subprocess.CompletedProcess(list(args), status, out, err)
 
 
+@pytest.mark.e2e
 def test_unknown_key_suggests_closest():
     user_error(cli("train", "trainer.total_training_step=2"),
                "'trainer.total_training_step'", "'trainer.total_training_steps'")
@@ -54,6 +55,7 @@ def test_batch_size_that_does_not_divide(capfd):
                "data.train_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
 
 
+@pytest.mark.e2e
 def test_missing_data_file(capfd):
     user_error(in_process(capfd, "train", *TINY, *ONE, "data.train_files=/nonexistent.parquet"), "/nonexistent.parquet")
 
@@ -68,29 +70,34 @@ def _row(content: str) -> dict:
             "reward_model": {"ground_truth": "1"}}
 
 
+@pytest.mark.e2e
 def test_data_rows(tmp_path, capfd):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [_row("hi"), _row("ho"), {"data_source": "x"}])
     user_error(in_process(capfd, "train", *TINY, *ONE, f"data.train_files={bad}"), bad, "row 2", "prompt")
 
 
+@pytest.mark.e2e
 def test_prompt_longer_than_max_prompt_length(tmp_path, capfd):
     long = _write_jsonl(tmp_path / "long.jsonl", [_row("short"), _row("a rather long prompt " * 10)])
     user_error(in_process(capfd, "train", *TINY, *ONE, f"data.train_files={long}", "data.max_prompt_length=40",
                           "data.truncation=error"), long, "row 1", "data.max_prompt_length=40")
 
 
+@pytest.mark.e2e
 def test_model_path_missing(tmp_path, capfd):
     missing = str(tmp_path / "no_model")
     user_error(in_process(capfd, "train", *ONE, f"actor_rollout_ref.model.path={missing}"),
                "actor_rollout_ref.model.path", missing)
 
 
+@pytest.mark.e2e
 def test_custom_reward_file_missing(tmp_path, capfd):
     missing = str(tmp_path / "nope.py")
     user_error(in_process(capfd, "train", *TINY, *ONE, f"custom_reward_function.path={missing}"),
                "custom_reward_function.path", missing)
 
 
+@pytest.mark.e2e
 def test_custom_reward_function_raises(tmp_path):
     fn = tmp_path / "reward.py"
     fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -101,6 +108,7 @@ def test_custom_reward_function_raises(tmp_path):
     user_error(res, "sample 0", "rlforge/arithmetic", "boom in user code")
 
 
+@pytest.mark.e2e
 def test_print_config_is_the_default_job():
     res = cli("train", "--print-config")
     assert res.returncode == 0, res.stderr
@@ -109,6 +117,7 @@ def test_print_config_is_the_default_job():
     assert "train_files: builtin:arithmetic" in res.stdout
 
 
+@pytest.mark.e2e
 def test_main_ppo_print_config_starts_from_verl_defaults():
     res = cli("--print-config", module="rlforge.trainer.main_ppo")
     assert "Traceback" not in res.stderr
@@ -128,6 +137,7 @@ def test_main_ppo_takes_verl_overrides(capfd):
 GSM8K = Path("/work/shared/data/gsm8k")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason="GSM8K source files not present")
 def test_data_gsm8k_writes_both_splits(tmp_path):
     out = tmp_path / "out"

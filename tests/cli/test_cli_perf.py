@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import user_error
 
+pytestmark = pytest.mark.e2e
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 

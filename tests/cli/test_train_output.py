@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers import user_error
 
@@ -25,6 +26,7 @@ if os.environ.get("RLFORGE_TEST_TOKENIZER"):  # offline machines without the def
     TINY_RUN.append(f"actor_rollout_ref.model.tokenizer_path={os.environ['RLFORGE_TEST_TOKENIZER']}")
 
 
+@pytest.mark.e2e
 def test_log_has_start_line_summary_and_no_carriage_returns(tmp_path):
     """stdout and stderr into one pipe: no progress-bar frames, one start line first, the summary last."""
     out = tmp_path / "run"
@@ -47,12 +49,17 @@ def test_log_has_start_line_summary_and_no_carriage_returns(tmp_path):
     assert where == f"rlforge train: metrics {out / 'metrics.jsonl'} | model {hf} (Hugging Face folder)"
 
 
+@pytest.mark.e2e
 def test_article_style_overrides_run(tmp_path, capsys):
     """The verl tuning guide's form, with the quotes of "fsdp2" literally in argv (as a script passes them)."""
     rc = main(["train", "--actor_rollout_ref.actor.use_dynamic_bsz=True", '--actor_rollout_ref.actor.strategy="fsdp2"',
                *TINY_RUN, "--trainer.default_local_dir", str(tmp_path), "trainer.logger=[console]"])
     assert rc == 0
     assert "rlforge train: done in " in capsys.readouterr().out
+    # the run's saved config holds the values, unquoted and typed (not the string 'True', not '"fsdp2"')
+    saved = yaml.safe_load((tmp_path / "global_step_1" / "config.yaml").read_text())
+    actor = saved["actor_rollout_ref"]["actor"]
+    assert actor["use_dynamic_bsz"] is True and actor["strategy"] == "fsdp2"
 
 
 def _printed_config(capsys, entry, *args: str) -> dict:
@@ -88,6 +95,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120, cwd=Path(__file__).parent)
 
 
+@pytest.mark.e2e
 def test_flag_without_value_is_one_error_line():
     user_error(cli("train", "--trainer.total_training_steps"), "--trainer.total_training_steps=VALUE",
                "trainer.total_training_steps=VALUE")
@@ -95,6 +103,7 @@ def test_flag_without_value_is_one_error_line():
                "--actor_rollout_ref.actor.use_dynamic_bsz=VALUE")
 
 
+@pytest.mark.e2e
 def test_unknown_flag_is_one_error_line():
     line = user_error(cli("train", "--total_training_steps=2"), "'--total_training_steps=2'", "--key=value")
     assert "usage:" not in line

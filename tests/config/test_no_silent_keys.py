@@ -384,6 +384,7 @@ def _fresh(run: Run) -> RLForgeConfig:
 # ---------------------------------------------------------------------------------------------- the checks
 
 
+@pytest.mark.e2e
 def test_every_key_is_consumed_or_warned(runs) -> None:
     out, _ = runs
     read = set().union(*(r.reads for r in out.values()))
@@ -418,6 +419,7 @@ def _backend_reads(kind: str, value: str, model: torch.nn.Module, tokenizer: Any
     return recorder.reads
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_backend_specific_keys_warn_under_the_other_backends(runs, kind, tiny_model, tiny_tokenizer) -> None:
     mode_key, values, prefixes = BACKENDS[kind]
@@ -429,6 +431,7 @@ def test_backend_specific_keys_warn_under_the_other_backends(runs, kind, tiny_mo
         assert not silent, f"read by another {mode_key} but ignored without a warning under {mode_key}={other}: {silent}"
 
 
+@pytest.mark.e2e
 def test_read_elsewhere_table_is_needed_and_real(runs) -> None:
     out, _ = runs
     read = set().union(*(r.reads for r in out.values()))
@@ -440,6 +443,7 @@ def test_read_elsewhere_table_is_needed_and_real(runs) -> None:
         assert leaf in (root / path).read_text(), f"{key}: {path} (said to read it under {mode}) never names '{leaf}'"
 
 
+@pytest.mark.e2e
 def test_offload_keys_take_effect(runs, tiny_model) -> None:
     """``optimizer_offload`` gives the actor host-resident optimizer state; ``param_offload`` makes the
     FSDP2 engine shard with ``CPUOffloadPolicy`` on an accelerator: seen at its first ``fully_shard``
@@ -481,6 +485,7 @@ def test_offload_keys_take_effect(runs, tiny_model) -> None:
     assert str(info.value) == "CPUOffloadPolicy"
 
 
+@pytest.mark.e2e
 def test_torch_compile_reaches_the_engine(runs) -> None:
     out, spies = runs
     (on,) = out["native_fsdp2"].jobs    # use_torch_compile: true (the default)
@@ -578,6 +583,7 @@ def test_detector_finds_an_unread_unwarned_key() -> None:
     assert not_reported(_Toy(), unread, _toy_warnings, _Toy, None) == ["inner.dead", "extras"]
 
 
+@pytest.mark.e2e
 def test_detector_finds_a_made_up_key_and_a_lost_read(runs) -> None:
     out, _ = runs
     read = set().union(*(r.reads for r in out.values()))
@@ -599,6 +605,7 @@ def test_detector_finds_a_made_up_key_and_a_lost_read(runs) -> None:
     assert f"{A}.ppo_epochs" in read
 
 
+@pytest.mark.e2e
 def test_runs_do_not_read_the_whole_config(runs) -> None:
     out, _ = runs
     for name, run in out.items():

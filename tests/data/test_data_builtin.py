@@ -20,7 +20,10 @@ def questions(rows: list[dict]) -> list[str]:
 
 
 def test_registered() -> None:
-    assert "arithmetic" in BUILTIN_TASKS.names()
+    """``builtin:arithmetic`` names this module's generator, and a misspelt name lists it."""
+    assert BUILTIN_TASKS.get("arithmetic") is generate_arithmetic
+    with pytest.raises(ConfigError, match="Did you mean 'arithmetic'"):
+        BUILTIN_TASKS.get("arithmetc")
 
 
 def test_deterministic_and_splits_differ() -> None:

@@ -20,6 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_common as dc  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 MODE = "seq-mean-token-mean"
 
 

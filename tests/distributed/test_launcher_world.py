@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e
+
 TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None
 TINY = ["data.train_files=builtin:arithmetic", "data.val_files=null", "actor_rollout_ref.model.path=preset:tiny",
         *([f"actor_rollout_ref.model.tokenizer_path={TOK}"] if TOK else []), "trainer.device=cpu"]

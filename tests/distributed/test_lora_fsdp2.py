@@ -15,6 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_common as dc  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 OPTS = {"mode": "seq-mean-token-mean", "micro": 2, "steps": 2, "strategy": "fsdp2", "lora": 4, "ckpt": True}
 
 

@@ -28,6 +28,8 @@ from rlforge.engine.staging import metrics_to_floats  # noqa: E402
 from rlforge.roles.actor import Actor  # noqa: E402
 from rlforge.roles.forward import response_log_probs  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 MODE = "seq-mean-token-mean"
 
 

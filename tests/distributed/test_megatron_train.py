@@ -11,8 +11,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from test_multiprocess_train import failure, rlforge  # noqa: E402
+
+pytestmark = pytest.mark.e2e
 
 MEGATRON = [
     "trainer.n_gpus_per_node=4",

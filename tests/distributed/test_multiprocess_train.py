@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 COMMON = [
     "actor_rollout_ref.model.path=preset:tiny",
     "actor_rollout_ref.model.tokenizer_path=builtin:integers",

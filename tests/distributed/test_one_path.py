@@ -34,6 +34,7 @@ def single(tmp_path_factory):
     return _one_process(tmp_path_factory.mktemp("one"))
 
 
+@pytest.mark.e2e
 def test_one_process_equals_two(single, tmp_path):
     dc.launch("steps", tmp_path, OPTS)
     two = torch.load(tmp_path / "result.pt", weights_only=False)

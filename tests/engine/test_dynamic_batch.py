@@ -221,6 +221,7 @@ def _worker(rank: int, init_file: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 def test_split_count_synchronised_across_two_ranks():
     with tempfile.TemporaryDirectory() as d:
         manager = mp.Manager()

@@ -84,6 +84,7 @@ def test_config_validation_checks_the_launched_world() -> None:
                                      "critic.megatron.pipeline_model_parallel_size=8"]))
 
 
+@pytest.mark.e2e
 def test_cli_reports_a_bad_mesh_without_a_traceback() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "rlforge.cli", "train", "trainer.device=cpu", "trainer.n_gpus_per_node=2",

@@ -76,6 +76,7 @@ def test_fsdp2_bf16_mixed_precision_trains_the_head_in_float32():
         assert torch.isfinite(v).all() and not torch.equal(v, before[k]), k
 
 
+@pytest.mark.e2e
 def test_flowrl_one_step_job_with_bf16_mixed_precision(tmp_path):
     from trainer.test_algorithm_suite_runs import one_step
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from helpers import text_prompts
 
 from rlforge.rollout import SamplingParams
 from rlforge.rollout.multi_turn.config import MultiTurnConfig
 from rlforge.tools import BaseTool, ToolResponse, parse_tool_schema
+
+pytestmark = pytest.mark.e2e
 
 CPU = torch.device("cpu")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlforge.cli import main
 from rlforge.data.tasks import BUILTIN_TASKS
 
@@ -21,6 +23,7 @@ ARGS = [
 ]
 
 
+@pytest.mark.e2e
 def test_train_step_runs_the_agent_loop(tmp_path):
     assert main(["train", *ARGS, f"trainer.default_local_dir={tmp_path}"]) == 0
     m = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])

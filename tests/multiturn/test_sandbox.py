@@ -47,6 +47,7 @@ def _run(code: str, limits: Limits = FAST):
     return SB.run(code, limits)
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_limits_cpu_wall_memory_output():
     assert _run("import os; print(os.getcwd(), os.environ['HOME'])").output == "/tmp /tmp\n"
@@ -60,6 +61,7 @@ def test_limits_cpu_wall_memory_output():
     assert r.truncated and len(r.output) == 1000 and r.wall_s < 5
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_programs_started_past_python_are_still_inside():
     # the old audit hook let _posixsubprocess.fork_exec run `id` as uid 0, and a shell reach 127.0.0.1
@@ -84,6 +86,7 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_setsid_child_dies_at_the_wall_limit(tmp_path):
     # the old subprocess: a setsid child outlived the kill and wrote a file 25 s later
@@ -99,6 +102,7 @@ def test_setsid_child_dies_at_the_wall_limit(tmp_path):
     assert not target.exists() and _alive_with(marker) == []
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_fork_bomb_is_bounded():
     code = ("import os, time\nn = 0\ntry:\n    for _ in range(300):\n        if os.fork() == 0:\n"
@@ -108,6 +112,7 @@ def test_fork_bomb_is_bounded():
     assert "BlockingIOError" in r.output and int(r.output.split("forked")[1]) < 50, r.output
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_no_writes_or_reads_of_the_host_files(tmp_path):
     host_file = tmp_path / "secret.txt"
@@ -121,6 +126,7 @@ def test_no_writes_or_reads_of_the_host_files(tmp_path):
     assert host_file.read_text() == "host-secret" and not (tmp_path / "new.txt").exists()
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_trainer_environment_and_processes_out_of_reach(monkeypatch):
     secret = f"tok-{uuid.uuid4().hex}"
@@ -160,6 +166,7 @@ def _accept(srv: socket.socket) -> None:
 CONNECT = "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('conn' + 'ected')"
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_no_network():
     srv = _listener()
@@ -173,6 +180,7 @@ def test_no_network():
         srv.close()
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_tool_uses_the_sandbox_and_reports():
     tool = PythonExecutorTool({"wall_s": 5}, _schema())
@@ -181,6 +189,7 @@ def test_tool_uses_the_sandbox_and_reports():
     assert resp.text == "42\n\nexit status 3" and m["exit_code"] == 3
 
 
+@pytest.mark.e2e
 @needs_sandbox
 def test_code_with_a_lone_surrogate_or_non_ascii_runs():
     # json.loads turns the escape "\ud800" into a lone surrogate; writing the code must not raise
@@ -189,6 +198,7 @@ def test_code_with_a_lone_surrogate_or_non_ascii_runs():
     assert resp.text == "\u00e9t\u00e9 1\n", resp.text
 
 
+@pytest.mark.e2e
 def test_refuses_without_a_sandbox(monkeypatch, tmp_path):
     monkeypatch.setattr("rlforge.tools.sandbox_local.which", lambda name: None)
     with pytest.raises(SandboxUnavailable) as e:
@@ -210,6 +220,7 @@ def test_refuses_without_a_sandbox(monkeypatch, tmp_path):
         PythonExecutorTool({"network_namespace": True, "allow_unsandboxed": True}, _schema())
 
 
+@pytest.mark.e2e
 def test_unsandboxed_path_keeps_its_limits():
     r = UnsandboxedSubprocess().run("while True: pass", Limits(cpu_s=1, wall_s=20))
     assert r.exit_code is None and "CPU" in r.killed
@@ -278,6 +289,7 @@ def test_remote_sandbox_fusion_endpoint(monkeypatch):
         PythonExecutorTool({"sandbox": "remote"}, _schema())
 
 
+@pytest.mark.e2e
 def test_no_warning_when_sandboxed():
     if isinstance(SB, str):
         pytest.skip(f"no local sandbox here: {SB}")
@@ -286,6 +298,7 @@ def test_no_warning_when_sandboxed():
         PythonExecutorTool({}, _schema())
 
 
+@pytest.mark.e2e
 def test_auto_falls_back_to_nsjail(monkeypatch, tmp_path):
     # a stand-in nsjail that runs the command after `--` (this checks the selection and the plumbing only;
     # nsjail's own isolation is not tested here)

@@ -29,6 +29,7 @@ def _tool_ids(tok, content: str) -> list[int]:
     return tok(f"\n<|im_start|>tool\n{content}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("reuse_kv", [True, False])
 def test_three_turn_conversation_is_exact(tiny_tokenizer, mt_model, calculator, scripted, reuse_kv):
     tok = tiny_tokenizer

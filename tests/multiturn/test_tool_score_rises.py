@@ -26,12 +26,15 @@ import json
 import re
 from itertools import pairwise
 
+import pytest
 import torch
 from turn_plan import TurnPlan
 
 from rlforge.cli import main
 from rlforge.rollout.multi_turn import native as mt_native
 from rlforge.rollout.native import engine as native_engine
+
+pytestmark = pytest.mark.e2e
 
 BIAS = 1.6  # sigmoid(-1.6) = 0.17 at z_tool == z_guess
 STEPS = 4

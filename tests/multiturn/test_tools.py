@@ -55,6 +55,7 @@ def _calc(config=None):
         "name": "calculator", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}))
 
 
+@pytest.mark.e2e
 def test_calculator_tool_answers_in_its_worker():
     tool = _calc()
     try:
@@ -79,6 +80,7 @@ def test_calculator_refuses_huge_results_before_computing():
     assert evaluate("10 ** 999 * 10 ** 999 * 10 ** 999 * 10 ** 999") == 10**3996  # near the bound, still fine
 
 
+@pytest.mark.e2e
 def test_calculator_timeout_is_kept_and_the_trainer_does_not_stall():
     tool = _calc({"max_digits": 10**9, "timeout_s": 0.5})  # a bound so large that the hostile call runs
     ticks, stop = [time.monotonic()], threading.Event()

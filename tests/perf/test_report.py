@@ -157,6 +157,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch):
         write_report(tmp_path)
 
 
+@pytest.mark.e2e
 def test_report_of_a_tiny_profiled_run(tmp_path: Path, capsys):
     """`rlforge train ... trainer.profile=true` then `rlforge perf report`: the report's numbers
     are the run's metrics, and the trace is a valid Trace Event Format file."""

@@ -121,6 +121,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     ("bin.json.gz", b"\x00\x01 not gzip", "not a JSON trace file"),
     ("events.json", b'{"events": []}', "expected a JSON object with a 'traceEvents' list"),
 ])
+@pytest.mark.e2e
 def test_cli_bad_file_is_a_one_line_error(tmp_path: Path, name: str, content: bytes | None, fragment: str):
     path = tmp_path / name
     if content is not None:
@@ -128,6 +129,7 @@ def test_cli_bad_file_is_a_one_line_error(tmp_path: Path, name: str, content: by
     user_error(cli("perf", "trace", str(path)), str(path), fragment)
 
 
+@pytest.mark.e2e
 def test_cli_prints_tables_without_importing_torch(tmp_path: Path):
     path = write_trace(tmp_path / "t.json", HAND_EVENTS)
     res = cli("perf", "trace", str(path), "--gaps", "2", "--top", "3")
@@ -207,6 +209,7 @@ def test_odd_kernel_names_stay_on_one_table_row(tmp_path: Path):
     assert "| `two lines\\|?` | 1 | 0.01 | 100% |" in md
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "abc"])
 def test_cli_refuses_a_minimum_gap_that_is_not_a_finite_non_negative_number(tmp_path: Path, value: str):
     path = write_trace(tmp_path / "t.json", HAND_EVENTS)

@@ -21,6 +21,8 @@ from rlforge.config.reward import RewardModelConfig
 from rlforge.config.root import RLForgeConfig  # noqa: F401  (the schema the keys come from)
 from rlforge.rewards.model_reward import build_model_scorer
 
+pytestmark = pytest.mark.e2e
+
 NOT_OURS = ("reward_model.reward_manager", "reward_model.launch_reward_fn_async", "reward_model.reward_kwargs",
             "reward_model.overlong_buffer.", "reward_model.sandbox_fusion", "reward_model.profiler")
 

@@ -37,7 +37,8 @@ def _batch(tok):
     return make_batch(tok, ["1", "2", "3"], ["1", "2", "3"], ["a", "src/b", "c"])
 
 
-@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+@pytest.mark.parametrize("timeout_s", [pytest.param(None, id="in-process"),
+                                       pytest.param(5.0, id="worker", marks=pytest.mark.e2e)])
 @pytest.mark.parametrize(("action", "said"), [(SYS_EXIT_0, "called sys.exit(0) (SystemExit)"),
                                               (KBD, "raised KeyboardInterrupt")], ids=["sys.exit", "kbd"])
 def test_naive_exit_is_one_reward_error(smol_tokenizer, tmp_path, timeout_s, action, said) -> None:
@@ -56,6 +57,7 @@ def test_naive_exit_is_one_reward_error(smol_tokenizer, tmp_path, timeout_s, act
     assert signal.getsignal(signal.SIGINT) is before  # the Ctrl-C handler is put back
 
 
+@pytest.mark.e2e
 def test_prime_pool_exit_is_one_reward_error(smol_tokenizer, tmp_path) -> None:
     """Old code: the pool caught SystemExit as the sample's error and scored it failure_score."""
     path = write(tmp_path, EXITS_ON_1.format(action="sys.exit(3)"))
@@ -67,7 +69,8 @@ def test_prime_pool_exit_is_one_reward_error(smol_tokenizer, tmp_path) -> None:
         mgr.close()
 
 
-@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+@pytest.mark.parametrize("timeout_s", [pytest.param(None, id="in-process"),
+                                       pytest.param(5.0, id="worker", marks=pytest.mark.e2e)])
 def test_batch_manager_exit_is_one_reward_error(smol_tokenizer, tmp_path, timeout_s) -> None:
     path = write(tmp_path, BATCH_EXITS.format(action="sys.exit('bye')"))
     cfg = rm_config(path, name="compute_score", manager="batch", timeout_s=timeout_s)
@@ -144,6 +147,7 @@ def test_batch_function_non_finite_array_value(smol_tokenizer) -> None:
 
 # ---------------------------------------------------------------- the whole command
 
+@pytest.mark.e2e
 def test_rlforge_train_with_exiting_reward_fails(tmp_path, capfd) -> None:
     """``rlforge train`` whose reward function calls sys.exit(0): status 2 and one error line, not status 0
     with no step.  Runs ``main`` in this process (as tests/cli/test_cli_errors.py's ``in_process``)."""

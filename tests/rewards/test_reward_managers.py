@@ -41,6 +41,7 @@ def test_registry_names() -> None:
     assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive", "prime"]
 
 
+@pytest.mark.e2e
 def test_sleeping_scorer_times_out(smol_tokenizer, tmp_path, caplog) -> None:
     """A scorer sleeping 30 s under timeout_s=2 costs ~2 s, scores failure_score and is counted."""
     mgr = RewardManager(smol_tokenizer, custom_path=write(tmp_path, SLEEPY), timeout_s=2.0, failure_score=-0.5)
@@ -63,6 +64,7 @@ def test_sleeping_scorer_times_out(smol_tokenizer, tmp_path, caplog) -> None:
     assert len(lines) == 2 and "sample 1 (data_source='slow/src') timed out after 2 s" in lines[0]
 
 
+@pytest.mark.e2e
 def test_prime_matches_naive(smol_tokenizer, tmp_path) -> None:
     """prime over 4 processes gives the same scores and extras as naive, in order."""
     path = write(tmp_path, CPU)
@@ -82,6 +84,7 @@ def test_prime_matches_naive(smol_tokenizer, tmp_path) -> None:
     assert b.metrics == {"reward/timeouts": 0.0, "reward/errors": 0.0}
 
 
+@pytest.mark.e2e
 def test_prime_worker_killed_mid_batch_is_replaced(smol_tokenizer, tmp_path, caplog) -> None:
     path = write(tmp_path, KILLER)
     batch = make_batch(smol_tokenizer, ["a", "bb", "ccc", "dddd", "e", "ff"], ["x"] * 6, ["s"] * 6)
@@ -100,6 +103,7 @@ def test_prime_worker_killed_mid_batch_is_replaced(smol_tokenizer, tmp_path, cap
     assert "sample 2 (data_source='s'): worker process died (exit code 3)" in caplog.records[0].getMessage()
 
 
+@pytest.mark.e2e
 def test_pool_timeout_then_death_then_results() -> None:
     """The pool alone: a stuck task, a dying task and normal tasks in one map, over 2 workers."""
 
@@ -150,6 +154,7 @@ def test_batch_manager_wrong_length_is_one_error(smol_tokenizer, tmp_path) -> No
         mgr.score(make_batch(smol_tokenizer, ["1", "2"], ["1", "2"], ["a", "b"]))
 
 
+@pytest.mark.e2e
 def test_batch_manager_timeout(smol_tokenizer, tmp_path) -> None:
     path = write(tmp_path, "import time\ndef compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n"
                            "    time.sleep(30)\n")
@@ -220,6 +225,7 @@ def test_bad_timeout_and_workers(smol_tokenizer, tmp_path: Path) -> None:
         build_reward_manager(rm_config(None, num_workers=-1), smol_tokenizer)
 
 
+@pytest.mark.e2e
 def test_training_step_with_sleeping_scorer(tmp_path: Path) -> None:
     """Every sample's scorer sleeps 30 s; prime with 8 workers and timeout_s=2: each step's reward
     stage takes ~2 s (bound 4 s on 2 shared cores) and logs reward/timeouts = 8."""

@@ -190,6 +190,7 @@ def test_vocabulary_mismatch_is_one_error(tmp_path, tiny_tokenizer) -> None:
     assert str(folder) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.e2e
 def test_causal_lm_folder_through_rlforge_train_is_one_line(tmp_path, tiny_tokenizer, capsys) -> None:
     from helpers import FAST, SMALL
 

@@ -312,6 +312,7 @@ def test_verl_backend_names_run_as_native_where_it_applies(model, tiny_tokenizer
         NativeRollout.from_config(gpt2, [0], 0, CPU, None, SimpleNamespace(tensor_model_parallel_size=1))
 
 
+@pytest.mark.e2e
 def test_calculate_log_probs_reaches_the_metrics(tmp_path):
     """With ``calculate_log_probs`` the trainer logs verl's ``training/rollout_probs_diff_*``:
     near 0 here, since the native engine and the trainer compute the same float32 model."""
@@ -331,6 +332,7 @@ def test_calculate_log_probs_reaches_the_metrics(tmp_path):
     assert row["training/rollout_probs_diff_mean"] <= row["training/rollout_probs_diff_max"]
 
 
+@pytest.mark.e2e
 def test_longer_than_the_model_context_is_a_clear_error(tmp_path, capsys):
     from rlforge.cli import main
 

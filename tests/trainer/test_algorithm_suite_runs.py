@@ -16,6 +16,8 @@ import pytest
 from rlforge.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 DIST = [
     "actor_rollout_ref.model.path=preset:tiny",
     "actor_rollout_ref.model.tokenizer_path=builtin:integers",

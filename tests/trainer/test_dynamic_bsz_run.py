@@ -14,6 +14,8 @@ import pytest
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 BASE = [
     "actor_rollout_ref.model.path=preset:tiny",
     "+actor_rollout_ref.model.override_config.initializer_range=0.2",

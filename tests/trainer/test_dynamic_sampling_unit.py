@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from rlforge.batch import Batch
@@ -29,6 +30,7 @@ def test_select_groups_and_metric():
     assert torch.equal(sel["token_level_scores"], scores[:2])
 
 
+@pytest.mark.e2e
 def test_generation_limit_is_one_clear_error(tmp_path):
     # preset:tiny never answers the arithmetic task correctly: every group has zero spread.
     cmd = [

@@ -12,6 +12,8 @@ import torch
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None  # offline machines without the default model's package
 TOKENIZER = [f"actor_rollout_ref.model.tokenizer_path={TOK}"] if TOK else []
 RUN = ["actor_rollout_ref.model.path=preset:tiny", *TOKENIZER, "data.seed=1", "trainer.device=cpu", "data.val_files=null",
@@ -83,6 +85,15 @@ def test_an_old_checkpoint_without_config_uses_its_hf_model_folder(run_dir, tmp_
     shutil.rmtree(old / "actor" / "huggingface")
     assert main(["export", str(old), "--out", str(tmp_path / "b"), "--model-path", "preset:tiny",
                  *(["--tokenizer-path", TOK] if TOK else [])]) == 0
+    # both folders hold the checkpoint's trained weights (the reference: actor/state.pt itself)
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(old / "actor" / "state.pt", weights_only=False)["model"]
+    for folder in ("a", "b"):
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / folder).state_dict()
+        assert set(state) <= set(got), (folder, set(state) - set(got))
+        for k, v in state.items():
+            torch.testing.assert_close(got[k], v, atol=0, rtol=0, msg=f"{folder}: {k}")
 
 
 def _one_error(capsys) -> str:

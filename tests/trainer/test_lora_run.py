@@ -14,6 +14,8 @@ from helpers import FAST, SMALL, left_padded_batch
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 LORA = [*FAST, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01",

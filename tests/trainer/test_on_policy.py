@@ -106,6 +106,7 @@ def _run(tmp: Path, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (tmp / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.e2e
 def test_training_run_skips_the_stage_only_when_on_policy(tmp_path):
     skipped = _run(tmp_path / "a", *ON_POLICY, "actor_rollout_ref.rollout.calculate_log_probs=true")
     forced = _run(tmp_path / "b", *ON_POLICY, "actor_rollout_ref.actor.recompute_old_log_prob=true")

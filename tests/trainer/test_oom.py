@@ -120,6 +120,7 @@ def test_other_errors_pass_through_unchanged(error):
     assert raise_in("update_actor", load_config([]), error) is error
 
 
+@pytest.mark.e2e
 def test_the_cli_prints_one_line_and_exits_2(tmp_path, monkeypatch, capsys):
     """Through the real trainer: the actor update raises CUDA OOM; ``rlforge train`` prints one
     ``rlforge: error:`` line naming the stage and exits with status 2, no traceback."""

@@ -44,6 +44,7 @@ def step(tmp, *extra):
     return json.loads((tmp / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("choice", ["true", "default"])
 def test_shared_prompts_step_equals_unshared(tmp_path, monkeypatch, choice):
     """``true``, and the default (None: on wherever it can take effect), against ``false``."""

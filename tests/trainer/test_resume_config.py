@@ -112,6 +112,7 @@ def train(folder, *extra: str) -> int:
     return main(["train", *COMMON, f"trainer.default_local_dir={folder}", *extra])
 
 
+@pytest.mark.e2e
 def test_resume_with_new_lr_trains_at_it_and_records_it(tmp_path, capsys):
     assert train(tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1",
                  "actor_rollout_ref.actor.optim.lr=1e-3") == 0
@@ -141,6 +142,7 @@ def test_resume_with_new_lr_trains_at_it_and_records_it(tmp_path, capsys):
     assert "the checkpoint has 2 decoder layers, the model 1" in err[0], err
 
 
+@pytest.mark.e2e
 def test_corrupted_checkpoint_stops_the_resume(tmp_path, capsys):
     assert train(tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=1") == 0
     state = tmp_path / "global_step_2" / "actor" / "state.pt"

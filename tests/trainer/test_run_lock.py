@@ -90,6 +90,7 @@ def test_unknown_on_existing_run_is_an_error(tmp_path):
         acquire(tmp_path, "keep")
 
 
+@pytest.mark.e2e
 def test_second_training_run_in_a_busy_folder_stops_with_one_error(tmp_path, live_pid, capsys):
     hold(tmp_path, live_pid)
     rc = main(["train", *SMALL, *FAST, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1"])
@@ -100,6 +101,7 @@ def test_second_training_run_in_a_busy_folder_stops_with_one_error(tmp_path, liv
     assert not (tmp_path / "metrics.jsonl").exists()  # nothing of the other run's folder was touched
 
 
+@pytest.mark.e2e
 def test_run_releases_its_lock_also_after_an_error(tmp_path, capsys):
     rc = main(["train", *SMALL, *FAST, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1",
                "trainer.save_freq=1", "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]"])
@@ -110,6 +112,7 @@ def test_run_releases_its_lock_also_after_an_error(tmp_path, capsys):
     assert rc == 2 and not (tmp_path / LOCK_FILE).exists()
 
 
+@pytest.mark.e2e
 def test_append_run_trains_in_its_sub_folder(tmp_path, live_pid):
     hold(tmp_path, live_pid)
     rc = main(["train", *SMALL, *FAST, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1",

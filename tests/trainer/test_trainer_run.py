@@ -10,6 +10,8 @@ from helpers import FAST, SMALL
 
 from rlforge.cli import main
 
+pytestmark = pytest.mark.e2e
+
 
 def run(tmp: Path, *extra: str) -> list[dict]:
     rc = main(["train", *SMALL, f"trainer.default_local_dir={tmp}", *extra])
@@ -65,13 +67,26 @@ def test_kl_loss_runs_reference(tmp_path):
     assert r["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
 
 
+SPREAD_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
+                "    return float(len(solution_str) % 3)\n"
+
+
 def test_gae_trains_critic(tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text(SPREAD_REWARD)  # scores 0, 1 or 2: the returns have something to follow
     rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "algorithm.adv_estimator=gae",
-               "critic.model.path=preset:tiny")
+               "critic.model.path=preset:tiny", f"custom_reward_function.path={reward}")
     (r,) = rows
     for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
               "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
         assert k in r, k
+    # gamma = lam = 1 (the defaults) and the score on the last token: every token's return is its
+    # sequence's score, whatever the critic predicts; the advantages are whitened (mean 0)
+    assert r["critic/rewards/max"] > r["critic/rewards/min"]
+    assert r["critic/returns/max"] == pytest.approx(r["critic/rewards/max"], abs=1e-5)
+    assert r["critic/returns/min"] == pytest.approx(r["critic/rewards/min"], abs=1e-5)
+    assert r["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-5)
+    assert r["critic/grad_norm"] > 0 and r["critic/vf_loss"] > 0
 
 
 def test_kl_in_reward_adaptive(tmp_path):

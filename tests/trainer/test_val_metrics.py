@@ -130,6 +130,7 @@ def test_process_and_names_like_verl() -> None:
     assert "val-core/a/acc/mean@4" in names and "val-aux/a/reward/mean@4" in names
 
 
+@pytest.mark.e2e
 def test_val_only_run_reports_at_n(tmp_path: Path) -> None:
     from rlforge.cli import main
 
