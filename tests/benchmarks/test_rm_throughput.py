@@ -6,7 +6,10 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.e2e  # the whole benchmark, end to end
 def test_rm_throughput_smoke(capsys) -> None:
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "rm_throughput.py"
     spec = importlib.util.spec_from_file_location("rm_throughput", path)
