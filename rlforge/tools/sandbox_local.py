@@ -57,6 +57,25 @@ def _parents(paths: list[str]) -> list[str]:
     return sorted(out, key=lambda q: (q.count("/"), q))
 
 
+_TMPFS = ("/tmp", "/dev/shm")  # private tmpfs mounts of every run
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def _binds(dirs: list[str], skip: tuple[str, ...] = ()) -> list[str]:
+    """bwrap flags binding ``dirs`` read-only, after creating their parents (not ``skip``) mode 0755 (bwrap
+    would make them 0700, unreadable by the sandbox's uid)."""
+    a: list[str] = []
+    for parent in _parents(dirs):
+        if parent not in skip:
+            a += ["--perms", "0755", "--dir", parent]
+    for d in dirs:
+        a += ["--ro-bind", d, d]
+    return a
+
+
 class BwrapSandbox:
     """Bubblewrap with new PID, network, IPC, UTS, mount (and cgroup) namespaces.
 
@@ -85,15 +104,16 @@ class BwrapSandbox:
         a += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
         for k, v in _ENV.items():
             a += ["--setenv", k, v]
-        for parent in _parents(dirs):  # readable by the sandbox's uid (bwrap would make them 0700)
-            a += ["--perms", "0755", "--dir", parent]
-        for d in dirs:
-            a += ["--ro-bind", d, d]
+        # a dir under the private /tmp or /dev/shm (a venv in a temporary folder) is bound after the tmpfs,
+        # which would otherwise hide it
+        late = [d for d in dirs if _under(d, _TMPFS)]
+        a += _binds([d for d in dirs if d not in late])
         for link, target in links:
             a += ["--symlink", target, link]
         size = str(limits.tmpfs_mb << 20)
         a += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--size", size,
-              "--tmpfs", "/tmp", "--chdir", "/tmp", "--remount-ro", "/"]
+              "--tmpfs", "/tmp"]
+        a += _binds(late, skip=_TMPFS) + ["--chdir", "/tmp", "--remount-ro", "/"]
         return a + [sys.executable, "-I", "-c", prelude(limits, uid=uid if self.as_root else None)]
 
     def run(self, code: str, limits: Limits) -> RunResult:
@@ -157,7 +177,8 @@ def make_bwrap(config: dict[str, Any]) -> BwrapSandbox:
             break
     if not err:
         return sb
-    raise SandboxUnavailable(f"`bwrap` cannot start a sandbox here (namespaces allowed?): {err[-300:]}")
+    raise SandboxUnavailable(f"`bwrap` is installed but its probe run failed (are new namespaces allowed here?): "
+                             f"{err[-300:]}")
 
 
 @SANDBOXES.register("nsjail")

@@ -9,6 +9,7 @@ import asyncio
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -33,7 +34,10 @@ def _local_sandbox():
 
 
 SB = _local_sandbox()
-needs_sandbox = pytest.mark.skipif(isinstance(SB, str), reason=f"no local sandbox here: {SB}")
+# skipped only where neither bubblewrap nor nsjail is installed: where one is installed but cannot start a
+# sandbox, every test below fails with the reason (a venv under /tmp once made the probe fail, silently)
+needs_sandbox = pytest.mark.skipif(isinstance(SB, str) and not (shutil.which("bwrap") or shutil.which("nsjail")),
+                                   reason=f"no local sandbox here: {SB}")
 FAST = Limits(wall_s=5)
 
 
@@ -43,6 +47,7 @@ def _schema():
 
 
 def _run(code: str, limits: Limits = FAST):
+    assert not isinstance(SB, str), f"bubblewrap or nsjail is installed but cannot start a sandbox: {SB}"
     assert SB.name in ("bwrap", "nsjail")  # never hostile code outside a sandbox
     return SB.run(code, limits)
 
@@ -312,3 +317,23 @@ def test_auto_falls_back_to_nsjail(monkeypatch, tmp_path):
     fake.write_text("#!/bin/sh\necho 'nsjail: cannot clone' >&2\nexit 1\n")
     with pytest.raises(SandboxUnavailable, match="cannot clone"):
         select_sandbox({"sandbox": "nsjail"})
+
+
+@pytest.mark.e2e
+@needs_sandbox
+def test_a_venv_under_tmp_is_visible_inside(tmp_path, monkeypatch):
+    # .ci/run and many users put the venv in a temporary folder; the sandbox's private /tmp hid it
+    import sys
+
+    from rlforge.tools.sandbox_local import make_bwrap
+
+    if not shutil.which("bwrap"):
+        pytest.skip("bubblewrap is not installed")
+    assert str(tmp_path).startswith("/tmp/"), tmp_path
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python3"))
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    sb = make_bwrap({})  # runs its probe through the venv's interpreter
+    out = sb.run("import sys, os; print(sys.prefix, os.access('/tmp', os.W_OK))", FAST)
+    assert out.output.split() == [str(venv), "True"], out
