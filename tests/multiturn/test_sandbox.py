@@ -337,3 +337,14 @@ def test_a_venv_under_tmp_is_visible_inside(tmp_path, monkeypatch):
     sb = make_bwrap({})  # runs its probe through the venv's interpreter
     out = sb.run("import sys, os; print(sys.prefix, os.access('/tmp', os.W_OK))", FAST)
     assert out.output.split() == [str(venv), "True"], out
+
+
+@pytest.mark.e2e
+@needs_sandbox
+def test_the_shipped_python_tool_config_runs_code_in_the_sandbox():
+    from rlforge.tools import load_tools
+
+    tool = load_tools("builtin:python")["python"]
+    assert isinstance(tool, PythonExecutorTool)
+    resp, _, _ = asyncio.run(tool.execute("i", {"code": "import os; print(sum(range(10)), os.getuid() != 0)"}))
+    assert resp.text == "45 True\n", resp.text
