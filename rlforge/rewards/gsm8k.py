@@ -15,7 +15,8 @@ The extracted answer and ``ground_truth`` are compared as numbers when both are 
 strings.  Deviations from verl: verl compares strings (``"72" != "72.0"``), so an integer column
 stored as float (``7.0``) scores 0 there for every response; and in flexible mode, a response
 whose only matches are ``"."`` has no answer (score 0) instead of comparing ``"."`` to the ground truth (same result for
-``format_score = 0``).
+``format_score = 0``); and a strict number followed by an exponent (``"#### 1e999"``) is no answer, where verl reads
+its mantissa (``"1"``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 from rlforge.rewards.numeric import numbers_equal
 
 SOLUTION_CLIP_CHARS = 300
-_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+# possessive, and not followed by an exponent: "#### 1e999" has no strict answer (verl reads it as "1")
+_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]++)(?![eE][+\-]?[0-9])")
 _NUMBER_RE = re.compile(r"(\-?[0-9\.\,]+)")
 _INVALID = ("", ".")
 

@@ -156,3 +156,14 @@ def test_numeric_exact_helpers() -> None:
     assert numbers_equal("7", np.int64(7)) and numbers_equal("2.5", np.float16(2.5))
     assert canonical_number("1e-7") == "0.0000001" and canonical_number(np.float32(0.1)) == "0.1"
     assert not numbers_equal(True, 1) and canonical_number(float("nan")) == "nan"
+
+
+@pytest.mark.parametrize("response,truth,expected", [
+    ("#### 1e999999999", "1", 0.0),  # verl's regex reads the mantissa "1": a silent false positive
+    ("#### 12e3", "1", 0.0),
+    ("#### 1E+3", "1", 0.0),
+    ("#### 1000", "1000", 1.0),
+    ("#### 1 is the answer", "1", 1.0),
+])
+def test_gsm8k_strict_number_with_an_exponent_is_no_answer(response: str, truth: str, expected: float) -> None:
+    assert gsm8k.compute_score(response, truth) == expected
