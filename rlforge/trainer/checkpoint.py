@@ -180,6 +180,23 @@ def _previous(ckpt: Path) -> list[Path]:
     return [p for _, p in sorted(older, reverse=True)]
 
 
+RESUMABLE_KEY = "actor_rollout_ref.actor.checkpoint.save_contents"
+"""The key whose ``model``, ``optimizer`` and ``extra`` make a save resumable."""
+
+
+def _warn_unresumable(root: Path) -> None:
+    """One warning when ``root`` holds ``global_step_*`` folders but none can be resumed (saves of
+    ``save_contents=[hf_model]`` alone hold the policy's Hugging Face folder, not its state)."""
+    folders = [p for p in root.glob("global_step_*") if p.is_dir()]
+    if not folders or any((p / "trainer_state.pt").is_file() for p in folders):
+        return  # nothing saved, or a checkpoint the tracker file does not name (not this warning's case)
+    saved = [p.name for p in folders]
+    newest = max(saved, key=lambda n: int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit() else -1)
+    log.warning("%s holds %d global_step_* folder(s) (newest %s) but none can be resumed (no model or optimizer "
+                "state): starting at step 0. To make checkpoints resumable, set %s=[model,optimizer,extra] "
+                "(add hf_model to keep the Hugging Face folder too)", root, len(saved), newest, RESUMABLE_KEY)
+
+
 def pick_checkpoint(resume_mode: str, default_local_dir: str | Path, resume_from_path: str | None,
                     fallback: bool = False) -> Path | None:
     """:func:`find_resume_path`, verified against its ``manifest.json``.
@@ -193,6 +210,8 @@ def pick_checkpoint(resume_mode: str, default_local_dir: str | Path, resume_from
     """
     path = find_resume_path(resume_mode, default_local_dir, resume_from_path)
     if path is None:
+        if resume_mode == "auto":
+            _warn_unresumable(Path(default_local_dir))
         return None
     try:
         verify_manifest(path)
