@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlforge.errors import CheckpointError, ConfigError
+from rlforge.file_modes import follow_umask
 from rlforge.trainer.manifest import verify_manifest, write_manifest
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -93,6 +94,7 @@ def save_checkpoint(
             write(tmp / sub)
         if resumable:  # after every file, before the folder (and then the tracker) names them
             write_manifest(tmp)
+        follow_umask(tmp)  # safetensors writes 0600 files
         old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
         if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
             os.replace(final, old)

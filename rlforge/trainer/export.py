@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge.errors import CheckpointError
+from rlforge.file_modes import follow_umask
 
 # torch is imported inside the functions: the CLI builds this command's parser on every start-up.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -324,6 +325,7 @@ def _write(out: Path, model: Any, tok: Any, plan: Any = None, extras: dict[str, 
             from safetensors.torch import save_file
 
             save_file({k: v.contiguous() for k, v in extras.items()}, str(tmp / "log_z_head.safetensors"))
+        follow_umask(tmp)  # safetensors writes 0600 files
         if out.exists():
             out.rmdir()  # checked empty by the caller
         os.replace(tmp, out)
