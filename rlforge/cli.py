@@ -101,11 +101,13 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
         _print(format_config(cfg))
         return 0
     from rlforge.launch import maybe_launch
+    from rlforge.trainer.cpu_threads import apply_cpu_threads
     from rlforge.trainer.summary import announce_start, launching, print_summary
 
-    started = announce_start(cfg, time.time() if started is None else started)
+    threads = apply_cpu_threads(cfg)  # a CPU run: torch's threads from the cores it may use
+    started = announce_start(cfg, time.time() if started is None else started, threads)
     argv = ["--job", job or "none", *(["--config", config_file] if config_file else []), *overrides]
-    with launching(started):
+    with launching(started, threads):
         launched = maybe_launch(cfg, argv)
     if launched is not None:
         return launched

@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from rlforge.errors import ModelError
+from rlforge.file_modes import follow_umask
 from rlforge.models.builtin_tokenizers import BUILTIN_TOKENIZERS
 from rlforge.models.presets import PRESETS, preset_config
 
@@ -143,6 +144,7 @@ def _gguf_as_hf_folder(gguf_path: str) -> str:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        follow_umask(tmp)  # mkdtemp's 0700 folder and safetensors' 0600 files
         try:
             os.replace(tmp, out)
         except OSError:  # another process converted it first

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlforge.errors import CheckpointError, ConfigError
+from rlforge.file_modes import follow_umask
 from rlforge.trainer.manifest import verify_manifest, write_manifest
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -93,6 +94,7 @@ def save_checkpoint(
             write(tmp / sub)
         if resumable:  # after every file, before the folder (and then the tracker) names them
             write_manifest(tmp)
+        follow_umask(tmp)  # safetensors writes 0600 files
         old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
         if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
             os.replace(final, old)
@@ -180,6 +182,23 @@ def _previous(ckpt: Path) -> list[Path]:
     return [p for _, p in sorted(older, reverse=True)]
 
 
+RESUMABLE_KEY = "actor_rollout_ref.actor.checkpoint.save_contents"
+"""The key whose ``model``, ``optimizer`` and ``extra`` make a save resumable."""
+
+
+def _warn_unresumable(root: Path) -> None:
+    """One warning when ``root`` holds ``global_step_*`` folders but none can be resumed (saves of
+    ``save_contents=[hf_model]`` alone hold the policy's Hugging Face folder, not its state)."""
+    folders = [p for p in root.glob("global_step_*") if p.is_dir()]
+    if not folders or any((p / "trainer_state.pt").is_file() for p in folders):
+        return  # nothing saved, or a checkpoint the tracker file does not name (not this warning's case)
+    saved = [p.name for p in folders]
+    newest = max(saved, key=lambda n: int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit() else -1)
+    log.warning("%s holds %d global_step_* folder(s) (newest %s) but none can be resumed (no model or optimizer "
+                "state): starting at step 0. To make checkpoints resumable, set %s=[model,optimizer,extra] "
+                "(add hf_model to keep the Hugging Face folder too)", root, len(saved), newest, RESUMABLE_KEY)
+
+
 def pick_checkpoint(resume_mode: str, default_local_dir: str | Path, resume_from_path: str | None,
                     fallback: bool = False) -> Path | None:
     """:func:`find_resume_path`, verified against its ``manifest.json``.
@@ -193,6 +212,8 @@ def pick_checkpoint(resume_mode: str, default_local_dir: str | Path, resume_from
     """
     path = find_resume_path(resume_mode, default_local_dir, resume_from_path)
     if path is None:
+        if resume_mode == "auto":
+            _warn_unresumable(Path(default_local_dir))
         return None
     try:
         verify_manifest(path)

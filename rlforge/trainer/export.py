@@ -25,6 +25,9 @@ the base model is loaded from the run's model path with its weights, the adapter
 and loaded, and ``out`` becomes a peft adapter folder (``adapter_config.json``,
 ``adapter_model.safetensors``, the tokenizer; ``peft.PeftModel.from_pretrained(base, out)``), or
 with ``merge=True`` (``--merge``) a plain Hugging Face model with ``W + scaling * B @ A`` merged in.
+A LoRA run's export-only save (``save_contents=[hf_model]`` alone: ``actor/huggingface`` is a peft
+adapter folder) exports only with ``--merge``: the run's base model with the adapter merged in
+(peft's ``merge_and_unload``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge.errors import CheckpointError
+from rlforge.file_modes import follow_umask
 
 # torch is imported inside the functions: the CLI builds this command's parser on every start-up.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -44,6 +48,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TRACKER = "latest_checkpointed_iteration.txt"  # = rlforge.trainer.checkpoint.TRACKER (which imports torch)
 CONFIG_FILE = "config.yaml"  # = rlforge.trainer.checkpoint.CONFIG_FILE
 _HF_EXPORT = Path("actor") / "huggingface"
+_ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter folder (a LoRA run's hf_model export)
 _NOT_A_CHECKPOINT = ("expected a global_step_N folder with actor/state.pt, or a run folder "
                      f"(trainer.default_local_dir) with {TRACKER}")
 
@@ -76,13 +81,27 @@ def find_checkpoint(path: str | Path) -> Path:
                               "pass one of the run's global_step_N folders instead")
     if (p / "trainer_state.pt").is_file():
         raise CheckpointError(f"{path}: this checkpoint has no actor/state.pt (the actor was not saved)")
-    exported = [p / _HF_EXPORT] if (p / _HF_EXPORT / "config.json").is_file() else sorted(
-        (f.parent for f in p.glob(f"global_step_*/{_HF_EXPORT}/config.json")), key=_step_of)
-    if exported:  # actor.checkpoint.save_contents=[hf_model] alone: the folder already is the model
-        hf = exported[-1]
+    hf = _exported_folder(p)
+    if hf is not None and (hf / _ADAPTER_CONFIG).is_file():  # LoRA with save_contents=[hf_model] alone
+        raise CheckpointError(f"{path} holds only the policy's LoRA adapter folder (save_contents=[hf_model]): "
+                              f"pass --merge to write the base model with the adapter merged in, or load {hf} "
+                              "with peft.PeftModel.from_pretrained(base_model, folder)")
+    if hf is not None:  # actor.checkpoint.save_contents=[hf_model] alone: the folder already is the model
         raise CheckpointError(f"{path} holds only the policy's Hugging Face folder (save_contents=[hf_model]), "
                               f"which needs no export: load {hf} as it is")
     raise CheckpointError(f"{path}: not an rlforge checkpoint ({_NOT_A_CHECKPOINT})")
+
+
+def _exported_folder(p: Path) -> Path | None:
+    """The newest ``actor/huggingface`` folder (a model's ``config.json`` or a peft adapter's
+    ``adapter_config.json``) of the ``global_step_N`` or run folder ``p``; None when there is none."""
+    def saved(folder: Path) -> bool:
+        return (folder / "config.json").is_file() or (folder / _ADAPTER_CONFIG).is_file()
+
+    if saved(p / _HF_EXPORT):
+        return p / _HF_EXPORT
+    found = sorted((f for f in p.glob(f"global_step_*/{_HF_EXPORT}") if saved(f)), key=_step_of)
+    return found[-1] if found else None
 
 
 def _model_source(ckpt: Path, model_path: str | None, tokenizer_path: str | None) -> dict[str, Any]:
@@ -217,10 +236,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
 
     if dtype not in DTYPES:
         raise CheckpointError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
-    ckpt = find_checkpoint(checkpoint)
+    adapter = _adapter_only(checkpoint) if merge else None
+    ckpt = adapter.parent.parent if adapter is not None else find_checkpoint(checkpoint)
     out = Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not an empty folder; choose a new folder")
+    if adapter is not None:
+        tok, model = merge_adapter_folder(adapter, _model_source(ckpt, model_path, tokenizer_path))
+        _write(out, model.to(getattr(torch, dtype)), tok)
+        return ckpt
     source = _model_source(ckpt, model_path, tokenizer_path)
     part = load_part(ckpt, "actor")
     try:
@@ -245,6 +269,47 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
             raise CheckpointError(f"--merge: {ckpt} is not a LoRA checkpoint (it holds the full model already)")
         tok, model = build_model(source, lm_state, ckpt / "actor" / "state.pt")
     model.to(getattr(torch, dtype))
+    extras = head_state if source["export_log_z"] else {}
+    _write(out, model, tok, plan, extras)
+    return ckpt
+
+
+def _adapter_only(checkpoint: str | Path) -> Path | None:
+    """The peft adapter folder (``actor/huggingface``) of a LoRA run's export-only save
+    (``save_contents=[hf_model]``) that ``checkpoint`` names; None for anything else."""
+    p = Path(checkpoint).expanduser()
+    if not p.is_dir() or (p / "actor" / "state.pt").is_file() or (p / TRACKER).is_file():
+        return None
+    hf = _exported_folder(p)
+    return hf if hf is not None and (hf / _ADAPTER_CONFIG).is_file() else None
+
+
+def merge_adapter_folder(adapter: Path, source: dict[str, Any]) -> tuple[Any, Any]:
+    """The tokenizer and the base causal LM of ``source`` (float32, CPU) with the peft adapter
+    folder ``adapter`` merged in (``W + scaling * B @ A``: peft's ``merge_and_unload``).
+
+    Raises:
+        CheckpointError: the adapter does not fit that base model.
+    """
+    from peft import PeftModel
+
+    from rlforge.models import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(source["path"], source["tokenizer_path"])
+    override = {k: v for k, v in source["override_config"].items() if k != "attn_implementation"}
+    base = load_causal_lm(source["path"], tok, override, seed=source["seed"])
+    try:
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{adapter}: the adapter does not fit the model built from {source['path']} "
+                              f"({e.__class__.__name__}: {(str(e).splitlines() or [''])[0][:200]}); "
+                              "pass --model-path with the run's model") from None
+    return tok, merged.eval()
+
+
+def _write(out: Path, model: Any, tok: Any, plan: Any = None, extras: dict[str, Any] | None = None) -> None:
+    """``model`` (a peft adapter folder when ``plan`` is given) and ``tok`` into ``out``, through a
+    temporary sibling renamed into place; ``extras`` (a log Z head) as ``log_z_head.safetensors``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -256,17 +321,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         else:
             model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if head_state and source["export_log_z"]:
+        if extras:
             from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in head_state.items()}, str(tmp / "log_z_head.safetensors"))
+            save_file({k: v.contiguous() for k, v in extras.items()}, str(tmp / "log_z_head.safetensors"))
+        follow_umask(tmp)  # safetensors writes 0600 files
         if out.exists():
-            out.rmdir()  # checked empty above
+            out.rmdir()  # checked empty by the caller
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ckpt
 
 
 def add_export_parser(sub: Any) -> None:

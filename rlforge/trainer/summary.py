@@ -20,6 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlforge.trainer.cpu_threads import ENV as THREADS_ENV
+from rlforge.trainer.cpu_threads import CpuThreads
+
 START_ENV = "RLFORGE_RUN_START"
 """Environment variable: the run's start time (``time.time()``), set once the start line is printed."""
 
@@ -41,11 +44,14 @@ def _files(value: Any) -> str:
     return value if isinstance(value, str) else ",".join(str(v) for v in value)
 
 
-def start_line(cfg: Any, device: str) -> str:
-    """One line naming the model, the task, the length, the device and the output folder."""
+def start_line(cfg: Any, device: str, threads: CpuThreads | None = None) -> str:
+    """One line naming the model, the task, the length, the device (with ``threads``, torch's CPU
+    threads per process) and the output folder."""
     t = cfg.trainer
     procs = int(t.nnodes) * int(t.n_gpus_per_node)
     where = device if procs <= 1 else f"{device} x {procs} processes"
+    if threads is not None:
+        where += f" ({threads.describe(procs)})"
     return (f"rlforge train: start | model {cfg.actor_rollout_ref.model.path} | task {_files(cfg.data.train_files)} "
             f"| algorithm {cfg.algorithm.adv_estimator} | {_steps(cfg)} | device {where} "
             f"| output {t.default_local_dir}")
@@ -111,9 +117,10 @@ def end_lines(cfg: Any, loggers: list[str], elapsed_s: float, step: int,
     ]
 
 
-def announce_start(cfg: Any, started: float) -> float:
-    """Print the start line unless this is a worker that :func:`launching` started (then the
-    user's process printed it); return the run's start time (``time.time()``)."""
+def announce_start(cfg: Any, started: float, threads: CpuThreads | None = None) -> float:
+    """Print the start line (``threads``: :func:`rlforge.trainer.cpu_threads.apply_cpu_threads`'s
+    choice) unless this is a worker that :func:`launching` started (then the user's process printed
+    it); return the run's start time (``time.time()``)."""
     from rlforge.launch import under_launcher
     from rlforge.trainer.build import pick_device
 
@@ -121,24 +128,30 @@ def announce_start(cfg: Any, started: float) -> float:
     if inherited:
         return float(inherited)
     if os.environ.get("RANK", "0") == "0":  # an external torchrun: rank 0 prints it
-        print(start_line(cfg, pick_device(cfg.trainer.device).type), flush=True)
+        print(start_line(cfg, pick_device(cfg.trainer.device).type, threads), flush=True)
     return started
 
 
 @contextmanager
-def launching(started: float) -> Iterator[None]:
-    """While launching workers: they inherit the start time in :data:`START_ENV` (removed after,
-    so that a later run in this process starts afresh)."""
+def launching(started: float, threads: CpuThreads | None = None) -> Iterator[None]:
+    """While launching workers: they inherit the start time in :data:`START_ENV` and, with rlforge's
+    choice of ``threads`` (not the user's), ``OMP_NUM_THREADS`` (both removed after, so that a later
+    run in this process starts afresh)."""
     from rlforge.launch import under_launcher
 
     if under_launcher():
         yield
         return
     os.environ[START_ENV] = repr(started)
+    ours = threads is not None and not threads.from_env
+    if ours:
+        os.environ[THREADS_ENV] = str(threads.num)
     try:
         yield
     finally:
         os.environ.pop(START_ENV, None)
+        if ours:
+            os.environ.pop(THREADS_ENV, None)
 
 
 def print_summary(cfg: Any, loggers: list[str], started: float, trainer: Any) -> None:
