@@ -8,9 +8,12 @@ from __future__ import annotations
 import copy
 import os
 
+import pytest
 import torch
 
 from rlforge.cli import main
+
+pytestmark = pytest.mark.e2e  # runs `rlforge export` end to end
 
 TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None
 
