@@ -20,26 +20,13 @@ from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.roles.critic import Critic
 from rlforge.rollout import Rollout
 from rlforge.trainer.builders.context import build_context
-from rlforge.trainer.builders.critic import build_critic, critic_model_path
-from rlforge.trainer.builders.engines import (
-    autocast_dtype,
-    engine_name,
-    head_chunk_size,
-    pick_device,
-    prefix_grouper,
-    rollout_weights_dtype,
-)
+from rlforge.trainer.builders.critic import build_critic
 from rlforge.trainer.builders.policy import build_policy, load_policy_lm
 from rlforge.trainer.builders.reference import adapter_off_reference, build_reference
 from rlforge.trainer.builders.reward import build_reward
-from rlforge.trainer.builders.rollout import build_rollout, rollout_name
-from rlforge.trainer.builders.sizes import per_step_sizes, token_budgets, total_training_steps
+from rlforge.trainer.builders.rollout import build_rollout
 
-__all__ = [
-    "Job", "autocast_dtype", "build_job", "critic_model_path", "engine_name", "head_chunk_size", "per_step_sizes",
-    "pick_device", "prefix_grouper", "rollout_name", "rollout_weights_dtype", "token_budgets",
-    "total_training_steps",
-]
+__all__ = ["Job", "build_job"]
 
 
 @dataclass(frozen=True, kw_only=True)

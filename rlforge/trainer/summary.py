@@ -122,7 +122,7 @@ def announce_start(cfg: Any, started: float, threads: CpuThreads | None = None) 
     choice) unless this is a worker that :func:`launching` started (then the user's process printed
     it); return the run's start time (``time.time()``)."""
     from rlforge.launch import under_launcher
-    from rlforge.trainer.build import pick_device
+    from rlforge.trainer.builders.engines import pick_device
 
     inherited = os.environ.get(START_ENV) if under_launcher() else None
     if inherited:

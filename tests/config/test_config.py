@@ -218,7 +218,7 @@ def test_gae_without_critic_path_uses_the_actor_path() -> None:
     # verl's critic.model.path defaults to the actor's model; rlforge's None means the same.
     cfg = load_config(["algorithm.adv_estimator=gae"], job="default")
     assert validate_config(cfg) == []
-    from rlforge.trainer.build import critic_model_path
+    from rlforge.trainer.builders.critic import critic_model_path
 
     assert critic_model_path(cfg) == "smollm2-135m-instruct"
 
@@ -289,7 +289,7 @@ def test_dynamic_bsz_ignores_micro_batch_sizes_with_a_warning() -> None:
     assert not any("no effect with use_dynamic_bsz" in w for w in off)  # used without a token budget
     with pytest.raises(ConfigError, match="is not divisible by"):
         validate_config(load_config([keys[0]], job="default"))
-    from rlforge.trainer.build import token_budgets
+    from rlforge.trainer.builders.sizes import token_budgets
 
     cfg = load_config([*keys, f"{A}.actor.use_dynamic_bsz=true"], job="default")
     budgets = token_budgets(cfg)  # what the engines split by when set (engine.base.micro_batches)

@@ -197,7 +197,7 @@ def test_trainer_falls_back_where_the_head_is_not_readable(tiny_tokenizer):
     from rlforge.config import ModelConfig
     from rlforge.engine.fsdp1 import FSDP1Engine
     from rlforge.engine.fsdp2 import FSDP2Engine
-    from rlforge.trainer.build import head_chunk_size
+    from rlforge.trainer.builders.engines import head_chunk_size
 
     cfg = ModelConfig()
     assert cfg.use_fused_kernels and cfg.fused_kernel_options.chunk_size >= 1

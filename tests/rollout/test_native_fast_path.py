@@ -294,7 +294,7 @@ def test_verl_backend_names_run_as_native_where_it_applies(model, tiny_tokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rlforge.config import load_config
-    from rlforge.trainer.build import rollout_name
+    from rlforge.trainer.builders.rollout import rollout_name
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     for name, tp, module, want in [("vllm", 1, model, "native"), ("sglang", 1, model, "native"),

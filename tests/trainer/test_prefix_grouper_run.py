@@ -13,7 +13,7 @@ import pytest
 
 from rlforge.cli import main
 from rlforge.engine import packing
-from rlforge.trainer.build import prefix_grouper
+from rlforge.trainer.builders.engines import prefix_grouper
 
 BASE = [
     "actor_rollout_ref.model.path=preset:tiny",
