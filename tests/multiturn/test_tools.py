@@ -76,7 +76,7 @@ def test_calculator_refuses_huge_results_before_computing():
         t0 = time.monotonic()
         with pytest.raises(ToolError, match="more than 4000 digits"):
             evaluate(expr)
-        assert time.monotonic() - t0 < 0.2
+        assert time.monotonic() - t0 < 2.0  # refused before computing (computing HOSTILE takes ~7 s); margin for a loaded CI
     assert evaluate("10 ** 999 * 10 ** 999 * 10 ** 999 * 10 ** 999") == 10**3996  # near the bound, still fine
 
 

@@ -120,7 +120,7 @@ def test_pool_timeout_then_death_then_results() -> None:
     try:
         t0 = time.monotonic()
         out = pool.map([{"x": i} for i in range(6)])
-        assert time.monotonic() - t0 < 6.0
+        assert time.monotonic() - t0 < 20.0  # the stuck task sleeps 30 s; margin for a loaded CI
     finally:
         pool.close()
     assert out[0].timed_out and not out[0].ok
@@ -163,7 +163,7 @@ def test_batch_manager_timeout(smol_tokenizer, tmp_path) -> None:
     try:
         t0 = time.monotonic()
         out = mgr.score(make_batch(smol_tokenizer, ["1", "2"], ["1", "2"], ["a", "b"]))
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 20.0  # the scorer sleeps 30 s; margin for a loaded CI
     finally:
         mgr.close()
     assert out.scores.tolist() == [0.0, 0.0] and out.metrics["reward/timeouts"] == 2.0
