@@ -3,14 +3,21 @@
 The test machine has two cores that a background job may already be using; more than
 one intra-op thread then oversubscribes them and slows a tiny model's forward by 10-100x,
 so the suite runs torch with one thread (numerics are the same).
+
+Compiled bytecode is cached even where ``PYTHONDONTWRITEBYTECODE`` is set: pytest rewrites every
+test module's asserts and Python compiles rlforge's modules in each xdist worker, which costs
+~5 s per worker per run without the ``__pycache__`` folders (the inner loop, README).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
+
+sys.dont_write_bytecode = False
 
 torch.set_num_threads(1)
 

@@ -16,6 +16,7 @@ Aliases: ``optim.warmup_style`` (older verl) sets ``optim.lr_scheduler_type``.  
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Sequence
@@ -61,13 +62,16 @@ def load_config(
         ConfigError: unknown key (with the closest valid key), wrong type, unreadable file,
             unknown job, malformed override.
     """
-    cfg: DictConfig = OmegaConf.structured(RLForgeConfig)
+    layers: list[tuple[dict[str, Any], str]] = []
     if job is not None:
-        cfg = _merge(cfg, _read_yaml(_job_path(job), f"job '{job}'"), f"job '{job}'")
+        layers.append((_clean_layer(_read_yaml(_job_path(job), f"job '{job}'"), f"job '{job}'"), f"job '{job}'"))
     if config_file is not None:
-        cfg = _merge(cfg, _read_yaml(Path(config_file), f"config file '{config_file}'"), f"config file '{config_file}'")
+        source = f"config file '{config_file}'"
+        layers.append((_clean_layer(_read_yaml(Path(config_file), source), source), source))
     for override in overrides:
-        cfg = _merge(cfg, _parse_override(override), f"override '{override}'", plus=override.lstrip().startswith("+"))
+        source = f"override '{override}'"
+        layers.append((_clean_layer(_parse_override(override), source, override.lstrip().startswith("+")), source))
+    cfg = _merge_all(layers)
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -196,8 +200,33 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
     return out
 
 
-def _merge(cfg: DictConfig, layer: dict[str, Any], source: str, plus: bool = False) -> DictConfig:
-    cleaned = _clean(RLForgeConfig, layer, "", source, plus)
+@functools.cache
+def _schema_defaults() -> DictConfig:
+    """The schema's defaults as a read-only DictConfig, built once (building it is most of a load's time)."""
+    base = OmegaConf.structured(RLForgeConfig)
+    OmegaConf.set_readonly(base, True)
+    return base
+
+
+def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False) -> dict[str, Any]:
+    return _clean(RLForgeConfig, layer, "", source, plus)
+
+
+def _merge_all(layers: list[tuple[dict[str, Any], str]]) -> DictConfig:
+    """Merge every layer onto the schema defaults in one pass (one copy of the tree); on a type error,
+    merge layer by layer so that the message names the layer that brought the bad value."""
+    try:
+        merged = OmegaConf.merge(_schema_defaults(), *(OmegaConf.create(c) for c, _ in layers))
+    except OmegaConfBaseException:
+        merged = _schema_defaults()
+        for cleaned, source in layers:
+            merged = _merge(merged, cleaned, source)
+    assert isinstance(merged, DictConfig)
+    OmegaConf.set_readonly(merged, False)
+    return merged
+
+
+def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str) -> DictConfig:
     try:
         merged = OmegaConf.merge(cfg, OmegaConf.create(cleaned))
     except OmegaConfBaseException as e:
