@@ -30,7 +30,6 @@ from rlforge.errors import RLForgeError
 
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     transformers.logging.set_verbosity_error()

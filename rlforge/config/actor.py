@@ -37,7 +37,8 @@ class ModelConfig:
     """The policy model (``actor_rollout_ref.model``)."""
 
     path: str = DEFAULT_MODEL
-    """HF folder, hub id, GGUF file or rlforge preset name.  verl's default is a 7B path; rlforge uses its small preset."""
+    """HF folder, Hugging Face Hub id (``org/name``, downloaded into the HF cache), GGUF file or rlforge preset
+    name.  verl's default is a 7B path; rlforge uses its small preset."""
     tokenizer_path: str | None = None
     """Tokenizer location; None = same as ``path`` (for presets, the preset's tokenizer)."""
     custom_chat_template: str | None = None

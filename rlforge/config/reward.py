@@ -19,7 +19,7 @@ class RewardModelModelConfig:
     ``actor_rollout_ref.model``'s tokenizer, so only null matters); None = the RM shares the policy's tokenizer
     and reads the policy's prompt + response ids as they are (no chat-template switch)."""
     path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
-    """Reward model location (verl's default)."""
+    """Reward model location: a local folder or a Hub id ``org/name`` (verl's default)."""
     external_lib: str | None = II("actor_rollout_ref.model.external_lib")
     """Module imported before loading; defaults to the actor's."""
     trust_remote_code: bool = False
@@ -68,8 +68,8 @@ class RewardJudgeConfig:
     enable: bool = False
     """Score responses with the judge (:mod:`rlforge.rewards.judge`)."""
     path: str | None = None
-    """Judge model: a local Hugging Face causal-LM folder, a ``.gguf`` file or ``preset:NAME``; required when
-    ``enable``."""
+    """Judge model: a local Hugging Face causal-LM folder, a Hub id ``org/name``, a ``.gguf`` file or
+    ``preset:NAME``; required when ``enable``."""
     tokenizer_path: str | None = None
     """Judge tokenizer; None = the judge folder's own (presets: the default model's)."""
     prompt_template: str = DEFAULT_JUDGE_TEMPLATE
@@ -186,8 +186,8 @@ def check_model_reward(cfg: Any) -> None:
         raise ConfigError("reward_model.enable=true and reward_model.judge.enable=true: choose one model score "
                           "(a reward model or a judge)")
     if not j.path:
-        raise ConfigError("reward_model.judge.enable=true needs reward_model.judge.path (a local causal-LM folder "
-                          "or preset:NAME)")
+        raise ConfigError("reward_model.judge.enable=true needs reward_model.judge.path (a local causal-LM folder, "
+                          "a Hub id org/name or preset:NAME)")
     from rlforge.rewards.judge import ScoreParser, check_template
 
     check_template(j.prompt_template)

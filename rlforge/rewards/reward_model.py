@@ -30,8 +30,8 @@ KEY = "reward_model.model.path"
 
 
 def load_sequence_rm(path: str, key: str = KEY, trust_remote_code: bool = False) -> tuple[PreTrainedModel, Any]:
-    """Load a reward model and its tokenizer from a local folder (or ``preset:NAME``: random weights,
-    the default model's tokenizer; for benchmarks).
+    """Load a reward model and its tokenizer from a local folder or Hub id ``org/name`` (or
+    ``preset:NAME``: random weights, the default model's tokenizer; for benchmarks).
 
     Returns:
         ``(model, tokenizer)``; the model is float32 on the CPU in eval mode, with one label.

@@ -56,6 +56,19 @@ def test_batch_size_that_does_not_divide(capfd):
 
 
 @pytest.mark.e2e
+def test_hub_id_not_cached_and_hub_unreachable(tmp_path):
+    """A Hub id while the Hub cannot be reached (a closed local port) and the cache is empty: one line naming
+    the cache and how to get the model.  ``rlforge`` leaves HF_HUB_OFFLINE unset, so an online user downloads."""
+    env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "hf"), HF_HUB_ETAG_TIMEOUT="1")
+    res = subprocess.run([sys.executable, "-m", "rlforge.cli", "train", "actor_rollout_ref.model.path=org/absent",
+                          "trainer.device=cpu", *ONE, f"trainer.default_local_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    user_error(res, "actor_rollout_ref.model.path=org/absent: the model is not in the local Hugging Face cache",
+               str(tmp_path / "hf"), "the Hugging Face Hub cannot be reached", "hf download org/absent")
+
+
+@pytest.mark.e2e
 def test_missing_data_file(capfd):
     user_error(in_process(capfd, "train", *TINY, *ONE, "data.train_files=/nonexistent.parquet"), "/nonexistent.parquet")
 
