@@ -111,7 +111,6 @@ def test_unreachable_hub_and_model_missing_from_cache_is_one_line(tmp_path, monk
     """Online, but the Hub cannot be reached (a closed local port stands for a machine without network)."""
     _use_cache(monkeypatch, tmp_path / "hf-cache", offline=False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
     with pytest.raises(ModelError) as e:
         resolve_source("org/absent")
     msg = _one_line(e)
