@@ -15,6 +15,12 @@ from .advantages import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
 )
+from .advantages_otb import (
+    OTB_ESTIMATORS,
+    compute_gdpo_outcome_advantage,
+    compute_optimal_token_baseline_advantage,
+    compute_tir_optimal_token_baseline_advantage,
+)
 from .advantages_outcome import (
     compute_gpg_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
@@ -46,6 +52,11 @@ from .policy_losses import (
     compute_policy_loss_vanilla,
 )
 from .policy_losses_cov import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from .policy_losses_dppo import (
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+)
 from .policy_losses_extra import (
     compute_policy_loss_cispo,
     compute_policy_loss_geo_mean,
@@ -74,6 +85,10 @@ __all__ = [
     "build_kl_controller",
     "compute_advantage",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
+    "compute_tir_optimal_token_baseline_advantage",
+    "OTB_ESTIMATORS",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
@@ -81,6 +96,9 @@ __all__ = [
     "compute_policy_loss",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
     "compute_policy_loss_flowrl",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",

@@ -7,7 +7,8 @@ reinforce++, ...) add optional fields to :class:`AdvantageInputs`; the caller on
 ``compute_advantage(inputs, config)``.
 
 The outcome-reward estimators (rloo, reinforce++, remax, opo, gpg, grpo_passk) live in
-:mod:`rlforge.algorithms.advantages_outcome`.
+:mod:`rlforge.algorithms.advantages_outcome`; the optimal token baseline (both variants) and
+gdpo in :mod:`rlforge.algorithms.advantages_otb`.
 
 Deviations from verl (``verl/trainer/ppo/core_algos.py``):
 * ``gae`` and ``grpo`` return zeros at masked positions for both advantages and returns
@@ -44,11 +45,18 @@ class AdvantageInputs:
         index: (B,) group ids (the prompt ``uid`` strings); responses to one prompt share an id.
             Needed by group estimators (grpo, rloo, ...); None otherwise.
         values: (B, R) critic values V(s_t); needed by ``gae`` only.
-
-    ``token_level_rewards`` and ``values`` are set to 0 at masked positions when the object is
-    built (a NaN or inf there does not reach the scores, returns or whitening statistics).
         reward_baselines: (B,) reward of the greedy (argmax-decoded) response to the same prompt;
             needed by ``remax`` only (the trainer fills it in its ``gen_max`` stage).
+        old_log_probs: (B, R) log-probs of the old policy (nats); needed by the optimal-token-baseline
+            estimators only.
+        sum_pi_squared: (B, R) ``sum_v pi_v^2`` of the old policy's token distribution (in [0, 1]);
+            needed by the optimal-token-baseline estimators (``actor.calculate_sum_pi_squared``).
+        reward_components: ``{reward key: (B,) score}``, the reward function's named components
+            (``algorithm.gdpo_reward_keys``); needed by ``gdpo`` only.
+
+    ``token_level_rewards``, ``values``, ``old_log_probs`` and ``sum_pi_squared`` are set to 0 at
+    masked positions when the object is built (a NaN or inf there does not reach the scores,
+    returns or whitening statistics).
     """
 
     token_level_rewards: torch.Tensor
@@ -56,6 +64,9 @@ class AdvantageInputs:
     index: np.ndarray | None = None
     values: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    reward_components: dict[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         shape = self.token_level_rewards.shape
@@ -74,8 +85,15 @@ class AdvantageInputs:
             raise ValueError(f"index has {len(self.index)} entries for a batch of {shape[0]}")
         # masked positions count 0 whatever they hold (a NaN there must not reach a score or a whitening)
         self.token_level_rewards = select_valid(self.token_level_rewards, self.response_mask)
-        if self.values is not None:
-            self.values = select_valid(self.values, self.response_mask)
+        for name in ("values", "old_log_probs", "sum_pi_squared"):
+            value = getattr(self, name)
+            if value is not None:
+                if value.shape != shape:
+                    raise ValueError(f"{name} {tuple(value.shape)} must match rewards {tuple(shape)}")
+                setattr(self, name, select_valid(value, self.response_mask))
+        for key, comp in (self.reward_components or {}).items():
+            if tuple(comp.shape) != (shape[0],):
+                raise ValueError(f"reward component {key!r} {tuple(comp.shape)} must be (batch,) = ({shape[0]},)")
 
 
 AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor]]

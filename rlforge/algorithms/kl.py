@@ -100,6 +100,7 @@ def kl_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     horizon: float | None = None,
+    dp_size: int = 1,
 ) -> torch.Tensor:
     """Actor KL loss (``actor.use_kl_loss``): ``agg_loss(kl_penalty(...), mask, mode)``, scalar.
 
@@ -114,6 +115,7 @@ def kl_loss(
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
         horizon=horizon,
+        dp_size=dp_size,
     )
 
 

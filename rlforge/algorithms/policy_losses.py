@@ -6,7 +6,8 @@ config (read by verl attribute names: ``clip_ratio``, ``clip_ratio_low``, ``clip
 ``clip_ratio_c``).  Later losses (gspo, flowrl, ...) read the optional fields of
 :class:`PolicyLossInputs`; the caller only runs ``compute_policy_loss(inputs, config)``.
 The other losses live in :mod:`~rlforge.algorithms.policy_losses_extra` (gspo, sapo, gpg,
-geo_mean, cispo), :mod:`~rlforge.algorithms.policy_losses_cov` (clip_cov, kl_cov) and
+geo_mean, cispo), :mod:`~rlforge.algorithms.policy_losses_cov` (clip_cov, kl_cov),
+:mod:`~rlforge.algorithms.policy_losses_dppo` (dppo_tv, dppo_kl, dro) and
 :mod:`~rlforge.algorithms.flowrl` (flowrl).
 
 Deviation from the PPO paper: the log-ratio is clamped to [-20, 20] before ``exp`` (as verl)
@@ -44,6 +45,7 @@ class PolicyLossInputs:
         loss_agg_mode: see :func:`rlforge.algorithms.aggregation.agg_loss`.
         global_num_tokens, global_num_seqs, horizon: mini-batch totals for gradient
             accumulation, passed on to ``agg_loss`` (None = this batch alone).
+        dp_size: ranks whose gradients are averaged, passed on to ``agg_loss`` (``token-sum``).
         ref_log_prob: log pi_ref, for losses that need the reference policy.
         token_level_rewards: per-token rewards, for losses that need them (e.g. flowrl).
         index: (B,) group ids (prompt uids), for group-level losses.
@@ -68,6 +70,7 @@ class PolicyLossInputs:
     global_num_tokens: float | None = None
     global_num_seqs: float | None = None
     horizon: float | None = None
+    dp_size: int = 1
     ref_log_prob: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None
     index: np.ndarray | None = None
@@ -95,6 +98,7 @@ class PolicyLossInputs:
             global_num_tokens=self.global_num_tokens,
             global_num_seqs=self.global_num_seqs,
             horizon=self.horizon,
+            dp_size=self.dp_size,
         )
 
     def seq_mean(self, seq_losses: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ def compute_value_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     horizon: float | None = None,
+    dp_size: int = 1,
 ) -> tuple[torch.Tensor, float]:
     """Clipped value loss.
 
@@ -52,6 +53,7 @@ def compute_value_loss(
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
         horizon=horizon,
+        dp_size=dp_size,
     )
     with torch.no_grad():
         vf_clipfrac = float(masked_mean((loss_clipped > loss_unclipped).float(), response_mask))

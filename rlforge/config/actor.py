@@ -122,7 +122,8 @@ class PolicyLossConfig:
 
     loss_mode: str = "vanilla"
     """Policy-loss registry name: ``vanilla`` (PPO clip), ``gspo``, ``sapo``, ``gpg``, ``clip_cov``, ``kl_cov``,
-    ``geo_mean``, ``cispo``, ``flowrl``."""
+    ``geo_mean``, ``cispo``, ``dppo_tv``, ``dppo_kl`` (``clip_ratio_low``/``_high`` are then divergence
+    thresholds), ``dro``, ``flowrl``."""
     clip_cov_ratio: float = 0.0002
     """Fraction of valid tokens whose gradient ``clip_cov`` drops (at least one token); > 0."""
     clip_cov_lb: float = 1.0
@@ -133,6 +134,9 @@ class PolicyLossConfig:
     """Fraction of valid tokens (largest covariance, at least one) that ``kl_cov`` penalises; > 0."""
     ppo_kl_coef: float = 0.1
     """Coefficient of the ``|log pi - log pi_old|`` penalty in ``kl_cov`` (per token, nats)."""
+    dro_beta: float | None = None
+    """DRO's quadratic penalty ``beta / 2 * (log pi - log pi_old)^2`` per token (``loss_mode=dro``, where it
+    must be > 0; verl's example 0.05); null = unset."""
     flowrl: FlowRLConfig = field(default_factory=FlowRLConfig)
     """FlowRL settings (``loss_mode=flowrl``)."""
 
@@ -162,7 +166,8 @@ class ActorConfig:
     clip_ratio_high: float = 0.2
     """Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher)."""
     clip_ratio_c: float = 3.0
-    """Dual-clip constant for negative advantages (> 1)."""
+    """Dual-clip constant for negative advantages (> 1); for ``dppo_tv``/``dppo_kl`` the cap of the truncated
+    importance ratio (verl's DPPO example sets 10000)."""
     tau_pos: float = 1.0
     """SAPO gate temperature for tokens with positive advantage (``policy_loss.loss_mode=sapo``); > 0."""
     tau_neg: float = 1.05
@@ -170,7 +175,13 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy-loss variant."""
     loss_agg_mode: str = "token-mean"
-    """Loss aggregation: ``token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``."""
+    """Loss aggregation: ``token-mean`` | ``token-sum`` | ``seq-mean-token-sum`` | ``seq-mean-token-mean`` |
+    ``seq-mean-token-sum-norm``."""
+    calculate_sum_pi_squared: bool = False
+    """The ``old_log_prob`` stage also computes ``sum_v pi_v^2`` per response token (the optimal token
+    baseline's variance proxy; required by ``algorithm.adv_estimator=optimal_token_baseline`` and
+    ``tir_optimal_token_baseline``).  That forward then takes the padded full-logits path, and the stage
+    always runs (its output is read before the update)."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient; 0 = off."""
     use_kl_loss: bool = False

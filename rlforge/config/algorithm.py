@@ -54,10 +54,18 @@ class AlgorithmConfig:
     """GAE lambda."""
     adv_estimator: str = "gae"
     """Advantage-estimator registry name: ``gae`` | ``grpo`` | ``rloo`` | ``reinforce_plus_plus`` |
-    ``reinforce_plus_plus_baseline`` | ``remax`` | ``opo`` | ``gpg`` | ``grpo_passk``."""
+    ``reinforce_plus_plus_baseline`` | ``remax`` | ``opo`` | ``gpg`` | ``grpo_passk`` | ``gdpo`` |
+    ``optimal_token_baseline`` | ``tir_optimal_token_baseline`` (these two need
+    ``actor.calculate_sum_pi_squared=true``)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO (and ``grpo_passk``) advantages by the group std.  False together with
     ``actor.loss_agg_mode=seq-mean-token-sum-norm`` = Dr.GRPO."""
+    gdpo_reward_keys: list[str] | None = None
+    """``adv_estimator=gdpo`` (required there): the reward components to normalize one by one, keys of the
+    dict the reward function returns (e.g. ``[accuracy_reward, format_reward]``); null = unset."""
+    gdpo_reward_weights: list[float] | None = None
+    """``adv_estimator=gdpo``: one weight per ``gdpo_reward_keys`` entry in the sum of the normalized
+    components; null = all 1."""
     use_kl_in_reward: bool = False
     """Subtract a KL(actor || ref) penalty from token rewards."""
     kl_penalty: str = "kl"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlforge.algorithms.advantages_otb import OTB_ESTIMATORS
 from rlforge.config.actor import ActorConfig
 from rlforge.config.common import (
     CheckpointConfig,
@@ -296,6 +297,11 @@ def _reward_model_rows() -> list[LaterWork]:
 _NO_DUMP = "{key}={value}: dumping generations is not available in this build yet; ignored"
 
 LATER_WORK: tuple[LaterWork, ...] = (
+    LaterWork(f"{_ARR}.actor.calculate_sum_pi_squared", lambda v: v[0] and v[1] not in OTB_ESTIMATORS,
+              "{key}=True with algorithm.adv_estimator={value[1]}: the old_log_prob stage computes the sum of squared "
+              "probabilities, but only the optimal-token-baseline estimators read it (verl's variance_proxy/* "
+              "metrics are not logged in this build)",
+              lambda c: (c.actor_rollout_ref.actor.calculate_sum_pi_squared, c.algorithm.adv_estimator)),
     LaterWork(f"{_ARR}.actor.use_prefix_grouper", lambda v: v[0] and (not v[1] or v[2] == "megatron"),
               "{key}=True needs the padding-free forward (actor_rollout_ref.model.use_remove_padding=true) on the "
               "FSDP or local engine; got use_remove_padding={value[1]}, strategy={value[2]}; ignored",

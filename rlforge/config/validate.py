@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rlforge.algorithms import POLICY_LOSSES
+from rlforge.algorithms import OTB_ESTIMATORS, POLICY_LOSSES
 from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.algorithms.loss_hooks import loss_hooks
 from rlforge.config.common import get_key
@@ -30,7 +30,7 @@ from rlforge.trainer.on_policy import skips_old_log_prob
 __all__ = ["CHOICES", "uses_ref", "validate_config"]
 
 _ARR = "actor_rollout_ref"
-_LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_LOSS_AGG = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 _KL = tuple(KL_ESTIMATORS.names())
 _STRATEGIES = ("fsdp", "fsdp2", "megatron")
 
@@ -102,6 +102,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         raise ConfigError(f"algorithm.adv_estimator=grpo_passk needs a second-best response per prompt; "
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
+    _check_estimator_inputs(cfg)
     _check_megatron(cfg, world.size, world.source)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
@@ -188,8 +189,28 @@ def _check_policy_loss(cfg: RLForgeConfig) -> None:
         raise ConfigError(f"{key}.clip_cov_lb={pl.clip_cov_lb} must be < {key}.clip_cov_ub={pl.clip_cov_ub}")
     if mode == "kl_cov" and pl.kl_cov_ratio <= 0:
         raise ConfigError(f"{key}.kl_cov_ratio={pl.kl_cov_ratio}: must be > 0 for loss_mode=kl_cov")
+    if mode == "dro" and (pl.dro_beta is None or pl.dro_beta <= 0):
+        raise ConfigError(f"{key}.dro_beta={pl.dro_beta}: loss_mode=dro needs a positive quadratic-penalty "
+                          "coefficient (verl's example: 0.05)")
     if mode == "flowrl":
         _check_flowrl(cfg)
+
+
+def _check_estimator_inputs(cfg: RLForgeConfig) -> None:
+    """The inputs that ``gdpo`` and the optimal-token-baseline estimators need are configured."""
+    alg = cfg.algorithm
+    if alg.adv_estimator in OTB_ESTIMATORS and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        raise ConfigError(f"algorithm.adv_estimator={alg.adv_estimator} reads the old policy's sum of squared "
+                          f"probabilities; set {_ARR}.actor.calculate_sum_pi_squared=true")
+    if alg.adv_estimator != "gdpo":
+        return
+    if not alg.gdpo_reward_keys:
+        raise ConfigError("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components the "
+                          "reward function returns in its dict, e.g. '[accuracy_reward,format_reward]'")
+    weights = alg.gdpo_reward_weights
+    if weights is not None and len(weights) != len(alg.gdpo_reward_keys):
+        raise ConfigError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(alg.gdpo_reward_keys)} "
+                          "algorithm.gdpo_reward_keys; give one weight per key (or null for all 1)")
 
 
 def _check_flowrl(cfg: RLForgeConfig) -> None:

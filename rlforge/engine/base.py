@@ -27,10 +27,12 @@ class LossScale:
 
     ``global_num_tokens``: valid response tokens in the mini-batch;
     ``global_num_seqs``: sequences in the mini-batch.
+    ``dp_size``: ranks whose gradients are averaged (``loss_agg_mode=token-sum`` scales its sum by it).
     """
 
     global_num_tokens: float
     global_num_seqs: float
+    dp_size: int = 1
 
 
 # loss_fn(module, micro_batch, scale) -> (loss to backpropagate, metrics of this micro-batch)

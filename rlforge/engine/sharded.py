@@ -227,7 +227,7 @@ class ShardedEngine(TrainEngine):
         local = loss_agg_globals(mini_batch["response_mask"].float())
         tok, seq = all_reduce_sum([local["global_num_tokens"], local["global_num_seqs"]], self.device)
         world = get_world_size()
-        return LossScale(global_num_tokens=tok / world, global_num_seqs=seq / world)
+        return LossScale(global_num_tokens=tok / world, global_num_seqs=seq / world, dp_size=world)
 
     def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
                    max_token_len: int | None = None) -> dict[str, float]:

@@ -23,7 +23,7 @@ from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
 from rlforge.roles.common import UpdateResult, run_updates
-from rlforge.roles.forward import response_log_probs
+from rlforge.roles.forward import response_log_probs, response_log_probs_and_sum_pi_squared
 
 
 class LogProbModel:
@@ -50,10 +50,20 @@ class LogProbModel:
         fn = packed_response_log_probs if remove_padding else response_log_probs
         self.log_probs_fn = functools.partial(fn, chunk_size=self.head_chunk_size)
 
-    def compute_log_prob(self, batch: Batch, temperature: float, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """``{"log_probs": (batch, response_len)}`` and, if asked, ``"entropys"``, float32 on CPU."""
+    def compute_log_prob(self, batch: Batch, temperature: float, with_entropy: bool = False,
+                         with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """``{"log_probs": (batch, response_len)}`` and, if asked, ``"entropys"`` and
+        ``"sum_pi_squared"`` (``sum_v pi_v^2`` per token), float32 on CPU.
+
+        ``with_sum_pi_squared`` (``actor.calculate_sum_pi_squared``) needs the whole vocabulary's
+        probabilities, so that forward takes the padded path with full logits (not the chunked
+        head or the padding-free forward), as verl turns its fused kernels off for it.
+        """
 
         def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
+            if with_sum_pi_squared:
+                logp, ent, spp = response_log_probs_and_sum_pi_squared(module, mb, temperature, with_entropy)
+                return {"log_probs": logp, "sum_pi_squared": spp, **({"entropys": ent} if ent is not None else {})}
             logp, ent = self.log_probs_fn(module, mb, temperature, with_entropy)
             return {"log_probs": logp, **({"entropys": ent} if ent is not None else {})}
 
@@ -120,7 +130,8 @@ class Actor(LogProbModel):
             else:
                 old = mb["old_log_probs"]
             mask = mb["response_mask"].float()
-            glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs)
+            glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs,
+                        dp_size=scale.dp_size)
             out = self.policy_loss(
                 PolicyLossInputs(
                     old_log_prob=old, log_prob=logp, advantages=mb["advantages"],

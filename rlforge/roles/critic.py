@@ -57,6 +57,7 @@ class Critic:
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode,
                 global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs,
+                dp_size=scale.dp_size,
             )
             return vf_loss, {
                 "vf_loss": vf_loss.detach(),  # device tensors: read back once per step by the engine

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rlforge.algorithms.entropy import entropy_from_logits
-from rlforge.algorithms.log_probs import log_probs_from_logits
+from rlforge.algorithms.log_probs import log_probs_from_logits, sum_pi_squared_from_logits
 from rlforge.batch import Batch
 from rlforge.engine.packing import plan_or_make
 from rlforge.models.log_z import PolicyWithLogZ
@@ -79,6 +79,25 @@ def response_log_probs(
         use_cache=False,
     )
     return _response_log_probs_from_logits(out.logits, mb, temperature, with_entropy)
+
+
+def response_log_probs_and_sum_pi_squared(
+    module: torch.nn.Module, mb: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """As :func:`response_log_probs` on the padded path (full logits), plus ``sum_v pi_v^2``
+    ``(batch, response_len)`` float32 of ``softmax(logits / temperature)`` at each response position
+    (``actor.calculate_sum_pi_squared``; 0 where the response is padding)."""
+    out = module(
+        input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+        use_cache=False,
+    )
+    logits = out.logits[:, _response_slice(mb)]
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp, ent = _response_log_probs_from_logits(out.logits, mb, temperature, with_entropy)
+    keep = mb["response_mask"] != 0 if "response_mask" in mb else torch.ones_like(logp, dtype=torch.bool)
+    spp = torch.where(keep, sum_pi_squared_from_logits(logits), torch.zeros((), device=logp.device))
+    return logp, ent, spp
 
 
 def response_log_probs_with_log_z(

@@ -25,6 +25,9 @@ def on_policy_blockers(cfg: Any) -> list[str]:
     if int(actor.ppo_mini_batch_size) != int(cfg.data.train_batch_size):
         out.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} is not "
                    f"data.train_batch_size={cfg.data.train_batch_size} (more than one optimizer step per batch)")
+    if bool(actor.calculate_sum_pi_squared):
+        out.append("actor_rollout_ref.actor.calculate_sum_pi_squared=True reads the old policy's sum of squared "
+                   "probabilities before the update")
     if bool(cfg.algorithm.use_kl_in_reward):
         out.append("algorithm.use_kl_in_reward=True reads the old log-probs before the update")
     if actor.strategy == "megatron" and int(actor.megatron.pipeline_model_parallel_size) > 1:

@@ -66,6 +66,7 @@ from rlforge.trainer.metrics import (
 from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
 from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
+from rlforge.trainer.reward_components import gdpo_metrics, reward_components
 from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.validation import validate
@@ -322,8 +323,11 @@ class PPOTrainer:
             on_policy = self.skip_old_log_prob and updates_actor
             if not on_policy:
                 with self._stage("old_log_prob", m):
-                    out = job.actor.compute_log_prob(batch, temperature, with_entropy=True)
+                    out = job.actor.compute_log_prob(batch, temperature, with_entropy=True,
+                                                     with_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
                     batch["old_log_probs"] = out["log_probs"]
+                    if "sum_pi_squared" in out:
+                        batch["sum_pi_squared"] = out["sum_pi_squared"]
                     m.update(self._old_log_prob_metrics(batch, out))
             if job.reference is not None:
                 with self._stage("ref", m):
@@ -473,11 +477,18 @@ class PPOTrainer:
             m.update(kl_m)
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
+        components = None
+        if getattr(self.adv_fn, "needs_reward_components", False):  # gdpo
+            components = reward_components(batch, alg.gdpo_reward_keys)
+            m.update(gdpo_metrics(components))
         adv, ret = self.adv_fn(
             AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"].float(),
                 index=batch.non_tensor["uid"], values=batch["values"] if "values" in batch else None,
                 reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+                old_log_probs=batch["old_log_probs"] if "old_log_probs" in batch else None,
+                sum_pi_squared=batch["sum_pi_squared"] if "sum_pi_squared" in batch else None,
+                reward_components=components,
             ),
             alg,
         )

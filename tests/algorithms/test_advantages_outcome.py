@@ -160,7 +160,7 @@ def test_groups_of_one_are_finite(name):
 def test_every_estimator_registered():
     assert set(ADV_ESTIMATORS.names()) == {
         "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg",
-        "grpo_passk",
+        "grpo_passk", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline",
     }
 
 

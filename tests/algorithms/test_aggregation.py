@@ -4,7 +4,7 @@ import torch
 from rlforge.algorithms import agg_loss, loss_agg_globals, masked_mean, masked_var, masked_whiten
 from rlforge.errors import ConfigError
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=torch.float64)
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)  # last row fully masked
@@ -14,6 +14,7 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)  # l
     ("mode", "expected"),
     [
         ("token-mean", 7 / 3),  # (1 + 2 + 4) / 3 tokens
+        ("token-sum", 7.0),  # 1 + 2 + 4
         ("seq-mean-token-sum", 3.5),  # (3 + 4) / 2 seqs
         ("seq-mean-token-mean", 2.75),  # (1.5 + 4) / 2 seqs
         ("seq-mean-token-sum-norm", 7 / 6),  # (3/3 + 4/3) / 2 seqs, horizon = R = 3
@@ -29,7 +30,7 @@ def test_sum_norm_custom_horizon():
 
 def test_unknown_mode_names_key_and_valid_modes():
     with pytest.raises(ConfigError) as err:
-        agg_loss(LOSS, MASK, "token-sum")
+        agg_loss(LOSS, MASK, "token-max")
     msg = str(err.value)
     assert "actor_rollout_ref.actor.loss_agg_mode" in msg
     for mode in MODES:

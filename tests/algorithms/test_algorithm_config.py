@@ -40,6 +40,14 @@ def test_new_fields_reachable_with_defaults():
         ([f"{ARR}.policy_loss.loss_mode=clip_cov", f"{ARR}.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio=0.0"),
         ([f"{ARR}.policy_loss.loss_mode=clip_cov", f"{ARR}.policy_loss.clip_cov_lb=6"], "clip_cov_lb=6.0 must be <"),
         ([f"{ARR}.policy_loss.loss_mode=kl_cov", f"{ARR}.policy_loss.kl_cov_ratio=0"], "kl_cov_ratio=0.0"),
+        ([f"{ARR}.policy_loss.loss_mode=dro"], f"{ARR}.policy_loss.dro_beta=None"),
+        ([f"{ARR}.policy_loss.loss_mode=dro", f"{ARR}.policy_loss.dro_beta=-1"], "dro_beta=-1.0"),
+        (["algorithm.adv_estimator=optimal_token_baseline"], f"{ARR}.calculate_sum_pi_squared=true"),
+        (["algorithm.adv_estimator=tir_optimal_token_baseline"], f"{ARR}.calculate_sum_pi_squared=true"),
+        (["algorithm.adv_estimator=gdpo"], "needs algorithm.gdpo_reward_keys"),
+        (["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1]"],
+         "gdpo_reward_weights has 1 entries for 2"),
+        ([f"{ARR}.loss_agg_mode=token-max"], "token-sum"),  # the refusal lists verl's five modes
     ],
 )
 def test_validation_names_key(overrides, needle):
@@ -55,6 +63,22 @@ def test_flowrl_raw_allows_any_micro_batch_and_group_estimators_warn():
     warnings = validate_config(load_config(["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"],
                                            job="default"))
     assert any("rloo" in w and "rollout.n=1" in w for w in warnings)
+
+
+def test_verl09_keys_have_verl_defaults_and_are_accepted():
+    cfg = load_config([f"{ARR}.policy_loss.loss_mode=dro", f"{ARR}.policy_loss.dro_beta=0.05",
+                       f"{ARR}.loss_agg_mode=token-sum"], job="default")
+    assert validate_config(cfg) == []
+    default = load_config([], job="default")
+    assert default.actor_rollout_ref.actor.policy_loss.dro_beta is None
+    assert default.actor_rollout_ref.actor.calculate_sum_pi_squared is False
+    assert (default.algorithm.gdpo_reward_keys, default.algorithm.gdpo_reward_weights) == (None, None)
+    otb = load_config(["algorithm.adv_estimator=optimal_token_baseline", f"{ARR}.calculate_sum_pi_squared=true"],
+                      job="default")
+    assert validate_config(otb) == []
+    # set with another estimator it is computed but unread: one warning names it
+    grpo = load_config(["algorithm.adv_estimator=grpo", f"{ARR}.calculate_sum_pi_squared=true"], job="default")
+    assert any(f"{ARR}.calculate_sum_pi_squared=True" in w for w in validate_config(grpo))
 
 
 def test_kl_estimators_all_registered():

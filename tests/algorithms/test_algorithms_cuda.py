@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer.test_algorithm_suite_runs import one_step
+from trainer.test_algorithm_suite_runs import needed_overrides, one_step
 
 from rlforge.algorithms import ADV_ESTIMATORS, POLICY_LOSSES
 
@@ -58,14 +58,15 @@ def train_one_step(tmp: Path, device: str, *extra: str) -> dict:
 @needs_cuda
 @pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
 def test_every_advantage_estimator_trains_on_gpu(tmp_path, name):
-    train_one_step(tmp_path, "cuda", f"algorithm.adv_estimator={name}")
+    train_one_step(tmp_path, "cuda", f"algorithm.adv_estimator={name}", *needed_overrides(tmp_path, name))
 
 
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_every_policy_loss_trains_on_gpu(tmp_path, name):
-    train_one_step(tmp_path, "cuda", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}")
+    train_one_step(tmp_path, "cuda", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}",
+                   *needed_overrides(tmp_path, name))
 
 
 @pytest.mark.e2e

@@ -28,13 +28,13 @@ from rlforge.algorithms import (
 from rlforge.algorithms.kl import FixedKLController
 from rlforge.config.actor import FlowRLConfig
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 D = torch.float64
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=D)  # last row fully masked
 BAD = torch.tensor([[0, 0, math.nan], [0, math.inf, -math.inf], [math.nan, math.inf, -math.inf]], dtype=D)
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=D)
 HAND = {  # valid tokens: row 0 -> 1, 2; row 1 -> 4 (see tests/algorithms/test_aggregation.py)
-    "token-mean": 7 / 3, "seq-mean-token-sum": 3.5, "seq-mean-token-mean": 2.75, "seq-mean-token-sum-norm": 7 / 6,
+    "token-mean": 7 / 3, "token-sum": 7.0, "seq-mean-token-sum": 3.5, "seq-mean-token-mean": 2.75, "seq-mean-token-sum-norm": 7 / 6,
 }
 
 
@@ -83,7 +83,7 @@ def test_masked_helpers_ignore_nonfinite_masked_values():
 
 def _loss_cfg(mode):
     pl = SimpleNamespace(loss_mode=mode, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=0.0002,
-                         ppo_kl_coef=0.1, flowrl=FlowRLConfig(beta=2.0))
+                         ppo_kl_coef=0.1, flowrl=FlowRLConfig(beta=2.0), dro_beta=0.1)
     return SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
                            tau_pos=1.0, tau_neg=1.05, policy_loss=pl)
 
@@ -142,11 +142,15 @@ def _adv_run(name, poison):
     rewards = torch.zeros(4, 4, dtype=D)
     rewards[[0, 1, 2, 3], [2, 1, 2, 3]] = torch.tensor([1.0, 0.0, 0.5, 2.0], dtype=D)
     values = torch.linspace(-1, 1, 16, dtype=D).reshape(4, 4)
+    old = -torch.linspace(0.1, 2.0, 16, dtype=D).reshape(4, 4)
+    spp = torch.linspace(0.2, 0.9, 16, dtype=D).reshape(4, 4)
     if poison:
         off = ~mask.bool()
         rewards, values = rewards.masked_fill(off, math.nan), values.masked_fill(off, math.inf)
+        old, spp = old.masked_fill(off, -math.inf), spp.masked_fill(off, math.nan)
     inputs = AdvantageInputs(rewards, mask, index=np.array(["a", "a", "b", "b"], dtype=object), values=values,
-                             reward_baselines=torch.tensor([0.5, 0.5, 1.0, 1.0], dtype=D))
+                             reward_baselines=torch.tensor([0.5, 0.5, 1.0, 1.0], dtype=D),
+                             old_log_probs=old, sum_pi_squared=spp)
     return ADV_ESTIMATORS.get(name)(inputs, _adv_cfg(name))
 
 

@@ -30,6 +30,7 @@ def _inputs(log_ratio, adv, mask, old=-1.0, agg="token-mean", **kw):
 def test_all_losses_registered():
     assert set(POLICY_LOSSES.names()) == {
         "vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "flowrl",
+        "dppo_tv", "dppo_kl", "dro",
     }
 
 

@@ -364,6 +364,7 @@ def _policy_loss_reads() -> set[str]:
     cfg = recorder.track(rlforge.config.load_config())
     g = torch.Generator().manual_seed(0)
     b, t = 4, 5
+    object.__setattr__(cfg.actor_rollout_ref.actor.policy_loss, "dro_beta", 0.05)  # loss_mode=dro needs one
     for mode in POLICY_LOSSES.names():
         object.__setattr__(cfg.actor_rollout_ref.actor.policy_loss, "loss_mode", mode)
         logp = torch.randn(b, t, generator=g, requires_grad=True)

@@ -37,6 +37,30 @@ DIST = [
 ]
 
 
+GDPO_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    acc = (sum(map(ord, solution_str)) % 5) / 4.0
+    fmt = float(len(solution_str.strip()) % 2)
+    return {"score": acc + fmt, "accuracy_reward": acc, "format_reward": fmt}
+"""
+"""A reward function with two named components, for ``algorithm.adv_estimator=gdpo``."""
+
+
+def needed_overrides(tmp: Path, name: str) -> list[str]:
+    """The settings estimator or loss ``name`` cannot run without (verl requires them too)."""
+    arr = "actor_rollout_ref.actor"
+    if name == "dro":
+        return [f"{arr}.policy_loss.dro_beta=0.05"]
+    if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        return [f"{arr}.calculate_sum_pi_squared=true"]
+    if name == "gdpo":
+        path = tmp / "gdpo_reward.py"
+        path.write_text(GDPO_REWARD)
+        return [f"custom_reward_function.path={path}", "algorithm.gdpo_reward_keys=[accuracy_reward,format_reward]",
+                "algorithm.gdpo_reward_weights=[1.0,0.5]"]
+    return []
+
+
 def one_step(tmp: Path, *extra: str) -> dict:
     assert main(["train", *DIST, f"trainer.default_local_dir={tmp}", *extra]) == 0
     rows = [json.loads(line) for line in (tmp / "metrics.jsonl").read_text().splitlines()]
@@ -46,18 +70,22 @@ def one_step(tmp: Path, *extra: str) -> dict:
 
 @pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
 def test_every_advantage_estimator_runs_from_the_cli(tmp_path, name):
-    extra = [f"algorithm.adv_estimator={name}"]
+    extra = [f"algorithm.adv_estimator={name}", *needed_overrides(tmp_path, name)]
     row = one_step(tmp_path, *extra)
     assert all(math.isfinite(row[k]) for k in ("critic/advantages/mean", "actor/pg_loss", "actor/grad_norm"))
     assert ("timing_s/gen_max" in row) == (name == "remax")
     assert ("timing_s/values" in row) == (name == "gae")
-    if name in ("grpo", "rloo"):  # group-centred estimators: advantages sum to 0 per group
+    if name in ("grpo", "rloo", "gdpo"):  # group-centred (gdpo: whitened) estimators: advantages average 0
         assert abs(row["critic/advantages/mean"]) < 1e-5
+    if name.endswith("optimal_token_baseline"):  # needs the old policy's sum pi^2 before the update
+        assert "timing_s/old_log_prob" in row
+    if name == "gdpo":
+        assert {"gdpo/accuracy_reward/mean", "gdpo/format_reward/std"} <= set(row)
 
 
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_every_policy_loss_runs_from_the_cli(tmp_path, name):
-    row = one_step(tmp_path, f"actor_rollout_ref.actor.policy_loss.loss_mode={name}")
+    row = one_step(tmp_path, f"actor_rollout_ref.actor.policy_loss.loss_mode={name}", *needed_overrides(tmp_path, name))
     assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
     assert row["actor/grad_norm"] > 0  # continuous rewards: every loss must move the policy
     if name == "flowrl":
@@ -83,6 +111,12 @@ def test_dr_grpo_settings_run(tmp_path):
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
     )
     assert abs(row["critic/advantages/mean"]) < 1e-5
+
+
+def test_dro_with_token_sum_runs(tmp_path):
+    row = one_step(tmp_path, "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+                   "actor_rollout_ref.actor.policy_loss.dro_beta=0.05", "actor_rollout_ref.actor.loss_agg_mode=token-sum")
+    assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0
 
 
 def test_dynamic_sampling_keeps_groups_with_spread(tmp_path):

@@ -347,7 +347,8 @@ class MegatronEngine(WeightsAndState, TrainEngine):
         """Global totals over all ranks divided by the data-parallel size (see the module docstring)."""
         local = loss_agg_globals(mini_batch["response_mask"].float())
         tok, seq = all_reduce_sum([local["global_num_tokens"], local["global_num_seqs"]], self.device)
-        return LossScale(global_num_tokens=tok / self.dims.dp, global_num_seqs=seq / self.dims.dp)
+        return LossScale(global_num_tokens=tok / self.dims.dp, global_num_seqs=seq / self.dims.dp,
+                         dp_size=int(self.dims.dp))
 
     def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
                    max_token_len: int | None = None) -> dict[str, float]:
