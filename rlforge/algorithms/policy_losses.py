@@ -52,6 +52,10 @@ class PolicyLossInputs:
         log_z: (B,) learned log partition function log Z(x) of each sequence's prompt, with
             grad (``flowrl`` only; the actor's log-Z head produces it).
         generator: RNG for losses that sample (``clip_cov``); None = torch's global RNG.
+        rollout_is_weights: (B, R) truncated importance weights of rollout correction
+            (``algorithm.rollout_correction.rollout_is``; no grad), or None.  :meth:`agg` multiplies
+            the per-token loss by them before aggregating (verl multiplies ``pg_losses``);
+            ``geo_mean`` uses their per-sequence geometric mean.
         extra: anything else a later loss needs, by name.
 
     The (B, R) data without grad (``old_log_prob``, ``advantages``, ``ref_log_prob``,
@@ -76,6 +80,7 @@ class PolicyLossInputs:
     index: np.ndarray | None = None
     log_z: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    rollout_is_weights: torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -86,11 +91,14 @@ class PolicyLossInputs:
                 setattr(self, name, select_valid(value, mask))
 
     def agg(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
-        """Aggregate a (B, R) loss with this batch's mask and globals.
+        """Aggregate a (B, R) loss with this batch's mask and globals, each token's loss first
+        multiplied by its ``rollout_is_weights`` when given.
 
         ``loss_agg_mode`` overrides the configured mode (for losses that fix it, e.g. gspo);
         None = ``self.loss_agg_mode``.
         """
+        if self.rollout_is_weights is not None:
+            loss_mat = loss_mat * self.rollout_is_weights.detach()
         return agg_loss(
             loss_mat,
             self.response_mask,

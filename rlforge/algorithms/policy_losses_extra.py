@@ -134,7 +134,8 @@ def compute_policy_loss_geo_mean(inputs: PolicyLossInputs, config: Any) -> Polic
     ratios directly as log-space bounds, the paper's (e^-0.4, e^0.4) is ``clip_ratio=0.4``).
     Per sequence ``rho_i = exp(mean_t x')`` (geometric mean of the token ratios) and
     ``A_i = mean_t A``; ``L_i = -A_i * rho_i``; the loss is the mean of ``L_i`` over sequences
-    (``loss_agg_mode`` is ignored, as in verl).
+    (``loss_agg_mode`` is ignored, as in verl).  With rollout-correction weights ``w`` each
+    ``L_i`` is multiplied by ``exp(mean_t log w_t)`` (verl).
 
     Metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower``: valid tokens with ``x`` outside
     ``[-clip_ratio_low, clip_ratio_high]`` and ``A > 0`` / ``A < 0`` (verl's definition);
@@ -149,7 +150,11 @@ def compute_policy_loss_geo_mean(inputs: PolicyLossInputs, config: Any) -> Polic
     lengths = mask.sum(dim=-1).clamp_min(1.0)
     rho = torch.exp(masked_sum(x_min, mask, dim=-1) / lengths)
     seq_adv = masked_sum(adv, mask, dim=-1) / lengths
-    loss = inputs.seq_mean(-seq_adv * rho)
+    seq_losses = -seq_adv * rho
+    if inputs.rollout_is_weights is not None:  # verl: the weights' geometric mean per sequence
+        w = inputs.rollout_is_weights.detach()
+        seq_losses = seq_losses * torch.exp(masked_sum(torch.log(w + 1e-10), mask, dim=-1) / lengths)
+    loss = inputs.seq_mean(seq_losses)
     with torch.no_grad():
         clipped = (x != x_clamped).float()
         metrics = {

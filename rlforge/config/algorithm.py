@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -45,6 +46,39 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: importance weights and rejection masks between the
+    rollout's own log-probs (``rollout_log_probs``) and the trainer's (:mod:`rlforge.algorithms.rollout_correction`;
+    docs/algorithms.md).  Off (``rollout_is``, ``rollout_rs`` null and ``bypass_mode`` false, the
+    defaults of verl's YAML): the loss is untouched.  On: ``rollout.calculate_log_probs`` is turned on."""
+
+    rollout_is: str | None = None
+    """Truncated importance weights ``min(pi_old / pi_rollout, rollout_is_threshold)`` that multiply the
+    policy loss per token: ``token`` (one per token) | ``sequence`` (the product over the response,
+    one per sequence) | null (none)."""
+    rollout_is_threshold: float = 2.0
+    """Upper bound of the importance weights (> 0; verl suggests 1.5-5 for token, 2-10 for sequence)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the truncated weights by their batch mean (token level: over tokens; sequence level:
+    over sequences), so they average 1."""
+    rollout_rs: str | None = None
+    """Rejection: comma-separated criteria, all must pass, failing tokens/sequences leave
+    ``response_mask``: ``token_k1|k2|k3``, ``seq_sum_k1|k2|k3``, ``seq_mean_k1|k2|k3``,
+    ``seq_max_k2|k3`` (k1 = log-ratio, k2 = 0.5 log^2, k3 = r - 1 - log r); null = none."""
+    rollout_rs_threshold: Any = None
+    """Threshold(s) of ``rollout_rs``, one per criterion (comma-separated) or one for all: ``k1``
+    criteria take ``lower_upper`` ratio bounds (``"0.5_2.0"``; one number ``u`` means ``1/u_u``),
+    ``k2``/``k3`` one positive upper bound.  A string or a number; needed when ``rollout_rs`` is set."""
+    bypass_mode: bool = False
+    """True: the rollout's log-probs are the old log-probs (no ``old_log_prob`` forward; 2 policies);
+    weights and masks are computed per micro-batch against the policy being trained.  False: decoupled
+    (3 policies; the weights compare the recomputed old log-probs with the rollout's)."""
+    loss_type: str = "ppo_clip"
+    """Loss under ``bypass_mode``: ``ppo_clip`` (PPO's clipped ratio against the rollout policy;
+    importance weights not applied) | ``reinforce`` (``-w * A * log pi``, w the truncated weights)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimator and KL-in-reward settings."""
 
@@ -78,3 +112,5 @@ class AlgorithmConfig:
     """PF-PPO settings."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Rollout correction (importance weights, rejection masks, bypass mode)."""

@@ -294,7 +294,32 @@ def _reward_model_rows() -> list[LaterWork]:
             d = getattr(d, part)
         rows.append(on(f"reward_model.model.fsdp_config.{name}", lambda v, d=d: v != d, plain + " (no FSDP)"))
     return rows
+
+
 _NO_DUMP = "{key}={value}: dumping generations is not available in this build yet; ignored"
+
+
+def _rc(c: Any) -> Any:
+    return c.algorithm.rollout_correction
+
+
+_RC = "algorithm.rollout_correction"
+_RC_ROWS = (  # keys that only one mode of rollout correction reads (verl ignores them the same way)
+    LaterWork(f"{_RC}.rollout_is_threshold", lambda v: v[0] != 2.0 and v[1] is None,
+              "{key}={value[0]} bounds the importance weights, but " + _RC + ".rollout_is is null; ignored",
+              lambda c: (_rc(c).rollout_is_threshold, _rc(c).rollout_is)),
+    LaterWork(f"{_RC}.rollout_is_batch_normalize", lambda v: v[0] is True and v[1] is None,
+              "{key}=True normalizes the importance weights, but " + _RC + ".rollout_is is null; ignored",
+              lambda c: (_rc(c).rollout_is_batch_normalize, _rc(c).rollout_is)),
+    LaterWork(f"{_RC}.rollout_rs_threshold", lambda v: v[0] is not None and v[1] is None,
+              "{key}={value[0]} is the rejection threshold, but " + _RC + ".rollout_rs is null; ignored",
+              lambda c: (_rc(c).rollout_rs_threshold, _rc(c).rollout_rs)),
+    LaterWork(f"{_RC}.loss_type", lambda v: v[0] != "ppo_clip" and not v[1],
+              "{key}={value[0]} only applies with " + _RC + ".bypass_mode=true; the configured policy loss "
+              "(actor.policy_loss.loss_mode) runs; ignored",
+              lambda c: (_rc(c).loss_type, _rc(c).bypass_mode)),
+)
+
 
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.actor.calculate_sum_pi_squared", lambda v: v[0] and v[1] not in OTB_ESTIMATORS,
@@ -302,6 +327,7 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "probabilities, but only the optimal-token-baseline estimators read it (verl's variance_proxy/* "
               "metrics are not logged in this build)",
               lambda c: (c.actor_rollout_ref.actor.calculate_sum_pi_squared, c.algorithm.adv_estimator)),
+    *_RC_ROWS,
     LaterWork(f"{_ARR}.actor.use_prefix_grouper", lambda v: v[0] and (not v[1] or v[2] == "megatron"),
               "{key}=True needs the padding-free forward (actor_rollout_ref.model.use_remove_padding=true) on the "
               "FSDP or local engine; got use_remove_padding={value[1]}, strategy={value[2]}; ignored",

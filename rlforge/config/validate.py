@@ -17,6 +17,8 @@ from typing import Any
 from rlforge.algorithms import OTB_ESTIMATORS, POLICY_LOSSES
 from rlforge.algorithms.kl import KL_ESTIMATORS
 from rlforge.algorithms.loss_hooks import loss_hooks
+from rlforge.algorithms.rollout_correction import check_config as check_rollout_correction
+from rlforge.algorithms.rollout_correction import is_enabled as rollout_correction_on
 from rlforge.config.common import get_key
 from rlforge.config.later_work import later_work_warnings
 from rlforge.config.precision import check_precision_and_offload
@@ -103,6 +105,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                           f"set {_ARR}.rollout.n>=2")
     _check_policy_loss(cfg)
     _check_estimator_inputs(cfg)
+    _check_rollout_correction(cfg)
     _check_megatron(cfg, world.size, world.source)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
@@ -211,6 +214,30 @@ def _check_estimator_inputs(cfg: RLForgeConfig) -> None:
     if weights is not None and len(weights) != len(alg.gdpo_reward_keys):
         raise ConfigError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(alg.gdpo_reward_keys)} "
                           "algorithm.gdpo_reward_keys; give one weight per key (or null for all 1)")
+
+
+def _check_rollout_correction(cfg: RLForgeConfig) -> None:
+    """``algorithm.rollout_correction``: its values, and the settings it cannot work with (the old
+    log-probs' recompute is handled by :func:`~rlforge.trainer.on_policy.skips_old_log_prob`)."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    check_rollout_correction(rc)
+    if not rollout_correction_on(rc):
+        return
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.name == "hf":
+        raise ConfigError(f"{key} needs the rollout's own log-probs, which {_ARR}.rollout.name=hf does not return; "
+                          f"use {_ARR}.rollout.name=native")
+    mode = arr.actor.policy_loss.loss_mode
+    if rc.bypass_mode and mode != "vanilla":
+        raise ConfigError(f"{key}.bypass_mode=true uses verl's bypass loss ({key}.loss_type=ppo_clip: PPO's clipped "
+                          f"ratio, or reinforce), not {_ARR}.actor.policy_loss.loss_mode={mode}; set loss_mode=vanilla "
+                          "or bypass_mode=false")
+    if rc.bypass_mode and arr.actor.recompute_old_log_prob is True:
+        raise ConfigError(f"{key}.bypass_mode=true takes the old log-probs from the rollout, but "
+                          f"{_ARR}.actor.recompute_old_log_prob=true asks to recompute them; set one of them otherwise")
+    if rc.rollout_is is not None and not rc.bypass_mode and mode == "flowrl":
+        raise ConfigError(f"{key}.rollout_is={rc.rollout_is}: the flowrl loss does not take importance weights; "
+                          f"set {key}.rollout_is=null (rejection, {key}.rollout_rs, still works)")
 
 
 def _check_flowrl(cfg: RLForgeConfig) -> None:

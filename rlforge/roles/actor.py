@@ -18,7 +18,16 @@ from typing import Any
 
 import torch
 
-from rlforge.algorithms import POLICY_LOSSES, PolicyLossInputs, agg_loss, kl_loss, loss_hooks
+from rlforge.algorithms import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossOutput,
+    agg_loss,
+    kl_loss,
+    loss_hooks,
+)
+from rlforge.algorithms.rollout_correction import compute_rollout_correction, reinforce_loss_matrix
+from rlforge.algorithms.utils import masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
@@ -83,6 +92,10 @@ class Actor(LogProbModel):
             and for :meth:`compute_log_prob`; None = fixed micro-batch sizes.
         remove_padding: padding-free forwards (``model.use_remove_padding``).
         head_chunk_size: see :class:`LogProbModel` (also used by a policy loss's own forward).
+        rollout_correction: ``algorithm.rollout_correction``; with ``bypass_mode`` the old
+            log-probs are the rollout's, and each micro-batch's importance weights and rejection
+            mask are computed against the policy being trained (verl's bypass loss).  In decoupled
+            mode the batch brings ``rollout_is_weights`` (the trainer's) and its rejected mask.
 
     The policy loss (``policy_loss.loss_mode``) may bring hooks
     (:class:`~rlforge.algorithms.loss_hooks.PolicyLossHooks`): its own training forward (for the
@@ -94,6 +107,7 @@ class Actor(LogProbModel):
         self, engine: TrainEngine, cfg: Any, mini_batch_size: int, micro_batch_size: int,
         log_prob_micro_batch_size: int, max_token_len: int | None = None,
         log_prob_max_token_len: int | None = None, remove_padding: bool = False, head_chunk_size: int = 0,
+        rollout_correction: Any = None,
     ) -> None:
         super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding, head_chunk_size)
         self.train_max_token_len = max_token_len
@@ -102,6 +116,8 @@ class Actor(LogProbModel):
         self.train_micro_batch_size = micro_batch_size
         self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
         self.hooks = loss_hooks(self.policy_loss)
+        rc = rollout_correction
+        self.bypass = rc if rc is not None and rc.bypass_mode else None
 
     def _forward(self, module: torch.nn.Module, mb: Batch, temperature: float,
                  need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -130,23 +146,27 @@ class Actor(LogProbModel):
             else:
                 old = mb["old_log_probs"]
             mask = mb["response_mask"].float()
+            weights = mb["rollout_is_weights"] if "rollout_is_weights" in mb else None
+            corr_metrics: dict[str, Any] = {}
+            if self.bypass is not None:  # old = the rollout's log-probs; weights and rejection against pi_theta
+                corr = compute_rollout_correction(logp.detach(), old, mask, self.bypass)
+                mask, weights, corr_metrics = corr.response_mask, corr.weights, corr.metrics
             glob = dict(global_num_tokens=scale.global_num_tokens, global_num_seqs=scale.global_num_seqs,
                         dp_size=scale.dp_size)
-            out = self.policy_loss(
-                PolicyLossInputs(
-                    old_log_prob=old, log_prob=logp, advantages=mb["advantages"],
-                    response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **glob,
-                    ref_log_prob=mb["ref_log_prob"] if "ref_log_prob" in mb else None,
-                    token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
-                    index=mb.non_tensor.get("uid"),
-                    extra={k: mb[k] for k in extra_keys if k in mb},
-                    **fields,
-                ),
-                cfg,
+            inputs = PolicyLossInputs(
+                old_log_prob=old, log_prob=logp, advantages=mb["advantages"],
+                response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **glob,
+                ref_log_prob=mb["ref_log_prob"] if "ref_log_prob" in mb else None,
+                token_level_rewards=mb["token_level_rewards"] if "token_level_rewards" in mb else None,
+                index=mb.non_tensor.get("uid"),
+                extra={k: mb[k] for k in extra_keys if k in mb},
+                rollout_is_weights=weights,
+                **fields,
             )
+            out = self._policy_loss(inputs)
             loss = out.loss
             # detached device tensors: the engine reads every metric of the step back in one copy
-            metrics: dict[str, Any] = {"pg_loss": out.loss.detach(), **out.metrics}
+            metrics: dict[str, Any] = {"pg_loss": out.loss.detach(), **out.metrics, **corr_metrics}
             if ent is not None:
                 ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, **glob)
                 loss = loss - cfg.entropy_coeff * ent_loss
@@ -158,6 +178,19 @@ class Actor(LogProbModel):
             return loss, metrics
 
         return loss_fn
+
+    def _policy_loss(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        """The configured policy loss; under bypass mode verl's bypass loss instead: ``ppo_clip`` =
+        the PPO clip against the rollout's log-probs with no importance weights (the ratio is the
+        correction), ``reinforce`` = ``-w * A * log pi`` (:func:`reinforce_loss_matrix`)."""
+        if self.bypass is None:
+            return self.policy_loss(inputs, self.cfg)
+        weights, inputs.rollout_is_weights = inputs.rollout_is_weights, None
+        if self.bypass.loss_type == "ppo_clip":
+            return self.policy_loss(inputs, self.cfg)
+        loss = inputs.agg(reinforce_loss_matrix(inputs.log_prob, inputs.advantages, weights))
+        kl = masked_mean(inputs.old_log_prob - inputs.log_prob.detach(), inputs.response_mask)
+        return PolicyLossOutput(loss=loss, metrics={"ppo_kl": kl})
 
     def update(self, batch: Batch, temperature: float, on_policy: bool = False) -> UpdateResult:
         """PPO update over ``batch``; returns ``actor/*`` metrics (without the prefix) and the work
@@ -172,7 +205,7 @@ class Actor(LogProbModel):
         Raises ValueError when ``on_policy`` and the update would take more than one step.
         """
         keys = ["prompts", "input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
-        keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards") if k in batch]
+        keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards", "rollout_is_weights") if k in batch]
         uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
         data = Batch(batch.tensors.select(*keys), uid, {})
         extra: dict[str, torch.Tensor] = {}

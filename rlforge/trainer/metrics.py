@@ -25,11 +25,14 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
 
 
-def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int, use_critic: bool) -> dict[str, float]:
-    """Score, reward, advantage, return, value and length statistics of one step's batch."""
+def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int, use_critic: bool,
+                 length_mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Score, reward, advantage, return, value and length statistics of one step's batch.
+    ``length_mask``: ``(batch, response_len)`` mask the response lengths are counted from (the
+    rollout's, before rollout correction's rejection); None = ``response_mask``."""
     mask = batch["response_mask"].bool()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
-    resp_len = mask.sum(-1).float()
+    resp_len = (mask if length_mask is None else length_mask.bool()).sum(-1).float()
     m: dict[str, float] = {}
     m.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
     m.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))

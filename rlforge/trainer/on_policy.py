@@ -30,6 +30,10 @@ def on_policy_blockers(cfg: Any) -> list[str]:
                    "probabilities before the update")
     if bool(cfg.algorithm.use_kl_in_reward):
         out.append("algorithm.use_kl_in_reward=True reads the old log-probs before the update")
+    rc = cfg.algorithm.rollout_correction
+    if (rc.rollout_is is not None or rc.rollout_rs is not None) and not rc.bypass_mode:
+        out.append("algorithm.rollout_correction (rollout_is/rollout_rs) compares the old log-probs with the "
+                   "rollout's before the update")
     if actor.strategy == "megatron" and int(actor.megatron.pipeline_model_parallel_size) > 1:
         out.append("a pipeline-parallel actor (megatron.pipeline_model_parallel_size > 1) computes the "
                    "log-probs on its last stage only")
@@ -37,11 +41,14 @@ def on_policy_blockers(cfg: Any) -> list[str]:
 
 
 def skips_old_log_prob(cfg: Any) -> bool:
-    """True when the trainer takes the old log-probs from the update's forward.
+    """True when the trainer takes the old log-probs from the update's forward (never under
+    ``algorithm.rollout_correction.bypass_mode``, which takes the rollout's).
 
     Raises ConfigError for ``recompute_old_log_prob=False`` when the batch is not on-policy."""
     choice = cfg.actor_rollout_ref.actor.recompute_old_log_prob
     if choice is True:
+        return False
+    if cfg.algorithm.rollout_correction.bypass_mode:
         return False
     blockers = on_policy_blockers(cfg)
     if choice is False and blockers:

@@ -4,6 +4,10 @@ One step, each stage timed as ``timing_s/<stage>`` (see docs/architecture.md):
 
     gen (-> gen_max) -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
 
+``adv`` starts with rollout correction (``algorithm.rollout_correction``: importance weights and
+rejection between the rollout's and the old log-probs); under its ``bypass_mode`` the rollout's
+log-probs are the old ones and ``old_log_prob`` does not run.
+
 ``gen_max`` (a greedy rollout per prompt, whose score is the baseline) runs for estimators
 that declare ``needs_reward_baselines`` (ReMax).  With DAPO dynamic sampling
 (``algorithm.filter_groups``) gen and reward repeat until enough groups qualify.
@@ -39,6 +43,7 @@ from rlforge.algorithms import (
     apply_kl_penalty,
     build_kl_controller,
 )
+from rlforge.algorithms.rollout_correction import compute_rollout_correction
 from rlforge.batch import Batch
 from rlforge.config import format_config
 from rlforge.config.common import hf_model_only
@@ -321,7 +326,10 @@ class PPOTrainer:
                 batch = self._balance(batch, m)
             updates_actor = self.global_step > cfg.trainer.critic_warmup
             on_policy = self.skip_old_log_prob and updates_actor
-            if not on_policy:
+            bypass = bool(cfg.algorithm.rollout_correction.bypass_mode)
+            if bypass:  # verl's bypass mode: the rollout's log-probs are the old ones (no forward)
+                batch["old_log_probs"] = self._rollout_log_probs(batch)
+            elif not on_policy:
                 with self._stage("old_log_prob", m):
                     out = job.actor.compute_log_prob(batch, temperature, with_entropy=True,
                                                      with_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
@@ -336,6 +344,8 @@ class PPOTrainer:
                 with self._stage("values", m):
                     batch["values"] = job.critic.compute_values(batch)
             with self._stage("adv", m):
+                if not bypass:
+                    self._rollout_correction(batch, m)
                 self._advantages(batch, m)
             if job.critic is not None:
                 with self._stage("update_critic", m):
@@ -345,7 +355,8 @@ class PPOTrainer:
             if updates_actor:
                 with self._stage("update_actor", m):
                     result = job.actor.update(batch, temperature, on_policy)
-                    m.update({f"actor/{k}": v for k, v in result.metrics.items()})
+                    m.update({k if k.startswith("rollout_corr/") else f"actor/{k}": v
+                              for k, v in result.metrics.items()})
                     saved_work = result.saved_work
                     job.actor.engine.lr_scheduler_step()
                     if on_policy:  # the update's forward gave the old log-probs
@@ -359,7 +370,8 @@ class PPOTrainer:
                         "Lower actor_rollout_ref.actor.optim.lr, check the rewards, or resume from an earlier checkpoint"
                     )
                 job.sync_rollout()
-        m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None))
+        m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None,
+                              length_mask=batch["rollout_response_mask"] if "rollout_response_mask" in batch else None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
         m.update(memory_metrics(stages=self.stage_memory))
         m.update(mfu_metrics(
@@ -465,6 +477,37 @@ class PPOTrainer:
         m["filter_groups/kept"] = float(num_kept)  # per rank; the logged value is the mean over ranks
         m["filter_groups/dropped"] = float(num_dropped)
         return Batch.concat(kept)
+
+    def _rollout_log_probs(self, batch: Batch) -> torch.Tensor:
+        if "rollout_log_probs" not in batch:
+            raise RLForgeError("algorithm.rollout_correction needs the rollout's log-probs, but the rollout returned "
+                               "none (actor_rollout_ref.rollout.calculate_log_probs; rollout.name=native)")
+        return batch["rollout_log_probs"]
+
+    def _rollout_correction(self, batch: Batch, m: dict[str, float]) -> None:
+        """verl's decoupled rollout correction, between the old log-probs and the advantages
+        (:mod:`rlforge.algorithms.rollout_correction`): ``rollout_is_weights`` added to the batch
+        (they multiply the policy loss per token), rejected tokens dropped from ``response_mask``
+        (the rollout's mask kept as ``rollout_response_mask`` for the length metrics), and
+        ``rollout_corr/*`` metrics.  With correction off but rollout log-probs present, only the
+        off-policy metrics (as verl)."""
+        rc = self.cfg.algorithm.rollout_correction
+        on = rc.rollout_is is not None or rc.rollout_rs is not None
+        if not on and "rollout_log_probs" not in batch:
+            return
+        mask = batch["response_mask"]
+        corr = compute_rollout_correction(batch["old_log_probs"], self._rollout_log_probs(batch), mask, rc,
+                                          sum_over_ranks=self._sum_over_ranks)
+        if corr.weights is not None:
+            batch["rollout_is_weights"] = corr.weights
+        if rc.rollout_rs is not None:
+            batch["rollout_response_mask"] = mask
+            batch["response_mask"] = corr.response_mask
+        m.update({k: float(v) for k, v in corr.metrics.items()})
+
+    def _sum_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over the data-parallel ranks (``x`` itself in one process)."""
+        return torch.stack([t for t in spmd.gather_objects(x.cpu())]).sum(0) if self.world_size > 1 else x
 
     def _advantages(self, batch: Batch, m: dict[str, float]) -> None:
         alg = self.cfg.algorithm

@@ -1,6 +1,7 @@
 """No config key is ignored silently.
 
-Every leaf key below ``actor_rollout_ref.{model,actor,ref,rollout}``, ``critic`` and ``trainer``
+Every leaf key below ``actor_rollout_ref.{model,actor,ref,rollout}``, ``critic``, ``trainer`` and
+``algorithm.rollout_correction``
 (walked from the dataclasses) must either be *consumed*: read by the code while a job is built
 and trained (:func:`rlforge.cli.run_train`, one step, on ``preset:tiny`` on the CPU), or *warned*:
 set to a value other than its default, it makes :func:`~rlforge.config.later_work.later_work_warnings`
@@ -19,8 +20,8 @@ vs FSDP1 vs ``strategy=megatron``, a critic, a reference, FlowRL, checkpoints, v
 policy losses are called once each with a recording config, and what no CPU run can read is in
 the small table :data:`READ_ELSEWHERE`, each entry checked against the source.  For the rollout
 backends and the training engines the check is also per mode (:data:`BACKENDS`): a key that one
-backend reads and another does not must warn under the other.  The module takes ~35 s on two
-cores (four one-step runs).
+backend reads and another does not must warn under the other.  The module takes ~45 s on two
+cores (five one-step runs).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
 
 ROOTS = ("actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout",
-         "critic", "trainer")
+         "critic", "trainer", "algorithm.rollout_correction")
 """The config nodes whose keys this test walks."""
 
 # ---------------------------------------------------------------------------------------------- the detector
@@ -255,6 +256,14 @@ RUNS: dict[str, list[str]] = {
     # FlowRL (log-Z head, its learning rate) on FSDP2, exporting a Hugging Face folder with the head.
     "flowrl": ["trainer.total_training_steps=1", f"{A}.policy_loss.loss_mode=flowrl", "trainer.save_freq=1",
                f"{A}.checkpoint.save_contents=[model,optimizer,extra,hf_model]", f"{A}.policy_loss.flowrl.export_log_z=true"],
+    # rollout correction in verl's bypass mode (weights and rejection per micro-batch, REINFORCE loss).
+    "rollout_correction_bypass": [
+        "trainer.total_training_steps=1", "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=3.0",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+    ],
     # strategy=megatron (PyTorch TP/PP/FSDP2 on a one-rank mesh) for actor, reference and critic.
     "megatron": [
         "trainer.total_training_steps=1", f"{A}.strategy=megatron", f"{A}.use_kl_loss=true",

@@ -111,5 +111,6 @@ def build_policy(ctx: BuildContext, lm: PolicyLM) -> Policy:
                   max_token_len=ctx.budgets["actor"], log_prob_max_token_len=ctx.budgets["log_prob"],
                   remove_padding=bool(arr.model.use_remove_padding) and engine.packed_forward,
                   head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, module, engine,
-                                                  "actor_rollout_ref.actor.use_fused_kernels"))
+                                                  "actor_rollout_ref.actor.use_fused_kernels"),
+                  rollout_correction=ctx.cfg.algorithm.rollout_correction)
     return Policy(actor, module, rollout_copy, rollout_model, extras.lm_prefix, lora)

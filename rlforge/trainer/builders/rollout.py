@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
+from rlforge.algorithms.rollout_correction import is_enabled as rollout_correction_on
 from rlforge.engine.base import copy_full_params
+from rlforge.errors import ConfigError
 from rlforge.models.lora import adapted_names, merged_params
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.rollout.multi_turn.setup import maybe_multi_turn
@@ -68,12 +70,21 @@ def rollout_sync(policy: Policy) -> Callable[[], None]:
 
 def build_rollout(ctx: BuildContext, policy: Policy) -> RolloutParts:
     """The ``rollout.name`` backend on ``policy``'s rollout copy (moved to the device) and its sync;
-    a LoRA adapter loaded from ``model.lora_adapter_path`` (not zero) is merged in at once."""
+    a LoRA adapter loaded from ``model.lora_adapter_path`` (not zero) is merged in at once.  With
+    ``algorithm.rollout_correction`` on, ``rollout.calculate_log_probs`` is turned on (in ``cfg``).
+
+    Raises ConfigError: rollout correction on a backend that returns no log-probs (hf)."""
     cfg = ctx.cfg
     arr = cfg.actor_rollout_ref
     policy.rollout_copy.to(ctx.device)
     model = policy.rollout_model
-    rollout = ROLLOUTS.get(rollout_name(cfg, model)).from_config(
+    name = rollout_name(cfg, model)
+    if rollout_correction_on(cfg.algorithm.rollout_correction):  # it needs the rollout's log-probs
+        if name != "native":
+            raise ConfigError(f"algorithm.rollout_correction needs the rollout's own log-probs, but rollout.name="
+                              f"{arr.rollout.name} runs as {name} for this model, which does not return them")
+        arr.rollout.calculate_log_probs = True
+    rollout = ROLLOUTS.get(name).from_config(
         model, eos_ids(ctx.tokenizer, policy.lm), ctx.tokenizer.pad_token_id, ctx.device,
         autocast_dtype(ctx.device), arr.rollout,
     )
