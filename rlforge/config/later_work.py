@@ -412,7 +412,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
-              lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
+              lambda c: (c.actor_rollout_ref.model.use_liger,
+                         c.actor_rollout_ref.model.use_liger is True and _liger_available())),
     LaterWork("use_dynamic_bsz micro-batch sizes", bool,
               "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
               "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
@@ -552,6 +553,9 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "{key}={value}: verl's sandbox_fusion code reward is not used; a multi-turn python tool takes "
               "sandbox_fusion_url in its own config (rollout.multi_turn.tool_config_path); ignored"),
     LaterWork("reward_model.profiler", lambda v: bool(v), _VERL_PROFILER),
+    LaterWork("reward_model.overlong_buffer.log", lambda v: v is True,
+              "{key}=True: with reward_model.overlong_buffer.enable the penalty is kept per sample in the reward's "
+              "extra info (overlong_reward, overlong) whether or not this is set; nothing changes"),
 )
 """Every accepted-but-not-effective key; the only place this list lives."""
 
