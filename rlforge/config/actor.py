@@ -293,7 +293,7 @@ class ActorRolloutRefConfig:
     hybrid_engine: bool = True
     """Actor and rollout share devices and weights (the only mode rlforge runs)."""
     nccl_timeout: int = 600
-    """Collective timeout (seconds)."""
+    """Timeout of the job's process group (seconds): how long a collective waits before it fails."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)

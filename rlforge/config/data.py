@@ -84,7 +84,8 @@ class DataConfig:
     return_raw_input_ids: bool = False
     """Also return prompt ids without the chat template (for a reward model with another template)."""
     return_raw_chat: bool = False
-    """Also return the prompt messages before the chat template is applied."""
+    """Also return the prompt messages before the chat template is applied (rlforge always keeps them, as
+    ``raw_prompt``; True warns that nothing changes)."""
     return_full_prompt: bool = False
     """Also return the prompt text with the chat template applied."""
     shuffle: bool = True
@@ -94,11 +95,11 @@ class DataConfig:
     dataloader_num_workers: int = 8
     """DataLoader worker processes (0 = load in the main process)."""
     validation_shuffle: bool = False
-    """Shuffle the validation set."""
+    """Shuffle the validation set (the order of its batches; seeded by ``seed``)."""
     filter_overlong_prompts: bool = False
     """Drop prompts longer than ``max_prompt_length`` tokens at load time."""
     filter_overlong_prompts_workers: int = 1
-    """Processes used for that filtering."""
+    """Processes used for that filtering (rlforge filters while tokenizing, in-process; other values warn)."""
     truncation: str = "error"
     """Over-long prompt handling: ``error`` | ``left`` | ``right`` | ``middle``."""
     image_key: str = "images"
@@ -116,6 +117,8 @@ class DataConfig:
     datagen: dict[str, Any] = field(default_factory=lambda: {"path": None, "name": None})
     """Dynamic data generator (``path``, ``name``); None values = none."""
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for ``tokenizer.apply_chat_template``."""
+    """Extra keyword arguments for ``tokenizer.apply_chat_template``, read by the template as variables
+    (Qwen3: ``{enable_thinking: false}``).  Applied to the prompts; multi-turn's inserted turns are rendered
+    without them."""
     builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)
     """rlforge addition: settings of built-in generated tasks."""

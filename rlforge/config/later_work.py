@@ -17,6 +17,7 @@ from typing import Any
 
 from rlforge.algorithms.advantages_otb import OTB_ESTIMATORS
 from rlforge.config.actor import ActorConfig
+from rlforge.config.algorithm import PFPPOConfig
 from rlforge.config.common import (
     CheckpointConfig,
     FSDPConfig,
@@ -26,6 +27,7 @@ from rlforge.config.common import (
     hf_model_only,
 )
 from rlforge.config.critic import CriticConfig
+from rlforge.config.data import CustomClsConfig, DataConfig
 from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
 from rlforge.config.rollout import RolloutConfig
 from rlforge.config.root import uses_critic
@@ -177,8 +179,8 @@ def _checkpoint_rows(node: str, everything: bool) -> list[LaterWork]:
     ]
 
 
-_VERL_PROFILER = ("{key}={value}: verl's profiler settings are not used; rlforge profiles with trainer.profile and "
-                  "trainer.profile_steps; ignored")
+_VERL_PROFILER = ("{key}={value}: verl's per-role profiler settings are not used; rlforge profiles whole steps "
+                  "with trainer.profile, trainer.profile_steps and global_profiler.tool=torch; ignored")
 _ENTROPY = ("{key}=True is not implemented; actor_rollout_ref.model.use_fused_kernels=true (the default) computes "
             "entropy chunk by chunk in the LM head and recomputes each chunk in backward; ignored")
 _NATIVE_ONLY = ("ignore_eos", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "free_cache_engine",
@@ -321,12 +323,82 @@ _RC_ROWS = (  # keys that only one mode of rollout correction reads (verl ignore
 )
 
 
+def _data_rows() -> list[LaterWork]:
+    """``data.*`` keys of verl's ``RLHFDataset`` that rlforge's dataset (tokenized once, up front, in the
+    training process) has no use for."""
+    up_front = "prompts are read and tokenized once, up front, in the training process"
+    return [
+        LaterWork("data.tokenizer", lambda v: v is not None,
+                  "{key}={value}: prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model."
+                  "tokenizer_path, else actor_rollout_ref.model.path), as in verl; ignored"),
+        LaterWork("data.use_shm", lambda v: v is True, "{key}=True: " + up_front + "; ignored"),
+        LaterWork("data.dataloader_num_workers", lambda v, d=_default(DataConfig, "dataloader_num_workers"): v != d,
+                  "{key}={value}: " + up_front + " (no DataLoader workers); ignored"),
+        LaterWork("data.filter_overlong_prompts_workers", lambda v: v != 1,
+                  "{key}={value}: data.filter_overlong_prompts measures each prompt while it is tokenized, in the "
+                  "training process (no worker pool); ignored"),
+        LaterWork("data.tool_config_path", lambda v: v is not None,
+                  "{key}={value}: the tool schemas rendered into the prompts (and so counted in their length) are "
+                  "those of actor_rollout_ref.rollout.multi_turn.tool_config_path; ignored"),
+        LaterWork("data.return_raw_chat", lambda v: v is True,
+                  "{key}=True: rlforge always keeps each prompt's chat messages in the batch (non-tensor "
+                  "'raw_prompt', read by the multi-turn rollout and the reward model); nothing changes"),
+        LaterWork("data.return_raw_input_ids", lambda v: v is True,
+                  "{key}=True: a reward model with another tokenizer re-renders the raw chat itself "
+                  "(reward_model.model.input_tokenizer); no raw ids are kept; ignored"),
+        LaterWork("data.return_full_prompt", lambda v: v is True,
+                  "{key}=True: the templated prompt text is not kept in the batch (nothing in rlforge reads it); "
+                  "ignored"),
+        *_unless_default("data", DataConfig, ("image_key", "video_key"),
+                         "{key}={value}: multi-modal data is not supported in this build; the column is not read"),
+        LaterWork("data.return_multi_modal_inputs", lambda v: v is False,
+                  "{key}=False: multi-modal data is not supported in this build; ignored"),
+        LaterWork("data.trust_remote_code", lambda v: v is True,
+                  "{key}=True: tokenizer code from the repository is not run in this build; ignored"),
+        *_unless_default("data.custom_cls", CustomClsConfig, ("path", "name"),
+                         "{key}={value}: a user dataset class is not loaded in this build; rlforge's dataset reads "
+                         "verl's parquet/jsonl columns; ignored"),
+        LaterWork("data.sampler", lambda v: any(x is not None for x in v.values()),
+                  "{key}={value}: a curriculum sampler is not loaded in this build; the training set is shuffled "
+                  "each epoch (data.shuffle, data.seed); ignored"),
+        LaterWork("data.datagen", lambda v: any(x is not None for x in v.values()),
+                  "{key}={value}: dynamic data generation is not available in this build; ignored"),
+    ]
+
+
+def _global_profiler_rows() -> list[LaterWork]:
+    """One row per verl ``global_profiler`` key (:mod:`rlforge.perf.verl_profiler` maps ``tool=torch``,
+    ``steps`` and ``save_path`` onto the torch.profiler recording), plus one for keys verl does not have."""
+    def warning(c: Any, name: str) -> str:
+        from rlforge.perf.verl_profiler import global_profiler_warning
+
+        return global_profiler_warning(c.global_profiler, name)
+
+    from rlforge.perf.verl_profiler import KNOWN_KEYS
+
+    return [LaterWork(f"global_profiler.{n}" if n else "global_profiler", bool, "{value}",
+                      lambda c, n=n: warning(c, n)) for n in (*KNOWN_KEYS, "")]
+
+
+def _ray_settings(value: Any) -> bool:
+    """Whether a free-form Ray block holds a value (verl's defaults are nulls)."""
+    if isinstance(value, dict):
+        return any(_ray_settings(v) for v in value.values())
+    return value is not None
+
+
+_NO_RAY = "{key}={value}: a Ray setting; rlforge runs without Ray (rlforge train starts its own processes); ignored"
+
 LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.actor.calculate_sum_pi_squared", lambda v: v[0] and v[1] not in OTB_ESTIMATORS,
               "{key}=True with algorithm.adv_estimator={value[1]}: the old_log_prob stage computes the sum of squared "
               "probabilities, but only the optimal-token-baseline estimators read it (verl's variance_proxy/* "
               "metrics are not logged in this build)",
               lambda c: (c.actor_rollout_ref.actor.calculate_sum_pi_squared, c.algorithm.adv_estimator)),
+    *(LaterWork(f"algorithm.{k}", lambda v: v[0] is not None and v[1] != "gdpo",
+                "{key}={value[0]}: only algorithm.adv_estimator=gdpo reads it (got {value[1]}); ignored",
+                lambda c, k=k: (getattr(c.algorithm, k), c.algorithm.adv_estimator))
+      for k in ("gdpo_reward_keys", "gdpo_reward_weights")),
     *_RC_ROWS,
     LaterWork(f"{_ARR}.actor.use_prefix_grouper", lambda v: v[0] and (not v[1] or v[2] == "megatron"),
               "{key}=True needs the padding-free forward (actor_rollout_ref.model.use_remove_padding=true) on the "
@@ -375,7 +447,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
-              lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
+              lambda c: (c.actor_rollout_ref.model.use_liger,
+                         c.actor_rollout_ref.model.use_liger is True and _liger_available())),
     LaterWork("use_dynamic_bsz micro-batch sizes", bool,
               "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
               "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
@@ -497,6 +570,27 @@ LATER_WORK: tuple[LaterWork, ...] = (
              "{value[1]} decides how many are kept; ignored", lambda v: v[0] is not None and v[0] != v[1]),
     *_unless_default("trainer", TrainerConfig, ("ray_wait_register_center_timeout", "use_legacy_worker_impl"),
                      "{key}={value}: a verl (Ray worker) setting; rlforge has no Ray workers; ignored"),
+    LaterWork("ray_kwargs", _ray_settings, _NO_RAY),
+    LaterWork("ray_init", _ray_settings, _NO_RAY),
+    *_global_profiler_rows(),
+    *_data_rows(),
+    # algorithm
+    LaterWork("algorithm.use_pf_ppo", lambda v: v is True,
+              "{key}=True: PF-PPO's reweighting of samples by reward is not implemented in this build; every "
+              "sample keeps weight 1"),
+    *_unless_default("algorithm.pf_ppo", PFPPOConfig, ("reweight_method", "weight_pow"),
+                     "{key}={value}: PF-PPO (algorithm.use_pf_ppo) is not implemented in this build; ignored"),
+    # reward manager
+    LaterWork("reward_model.launch_reward_fn_async", lambda v: v is True,
+              "{key}=True: rewards are computed in the step, before the log-prob passes (reward_model.timeout_s "
+              "runs the scorers in worker processes); ignored"),
+    LaterWork("reward_model.sandbox_fusion", lambda v: bool(v),
+              "{key}={value}: verl's sandbox_fusion code reward is not used; a multi-turn python tool takes "
+              "sandbox_fusion_url in its own config (rollout.multi_turn.tool_config_path); ignored"),
+    LaterWork("reward_model.profiler", lambda v: bool(v), _VERL_PROFILER),
+    LaterWork("reward_model.overlong_buffer.log", lambda v: v is True,
+              "{key}=True: with reward_model.overlong_buffer.enable the penalty is kept per sample in the reward's "
+              "extra info (overlong_reward, overlong) whether or not this is set; nothing changes"),
 )
 """Every accepted-but-not-effective key; the only place this list lives."""
 

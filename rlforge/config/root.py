@@ -32,7 +32,8 @@ class RLForgeConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run loop, logging, checkpoints."""
     global_profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form verl profiler settings (accepted; not used)."""
+    """verl's profiler block (free-form): ``tool=torch`` with ``steps`` records those steps with torch.profiler
+    (into ``save_path`` where set); every other setting warns (:mod:`rlforge.perf.verl_profiler`)."""
     ray_kwargs: dict[str, Any] = field(default_factory=dict)
     """Free-form verl Ray settings (accepted; rlforge does not use Ray)."""
     ray_init: dict[str, Any] = field(default_factory=dict)

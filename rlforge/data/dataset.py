@@ -25,19 +25,27 @@ TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
 def tokenize_messages(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` rendered with the chat template and a generation prompt.
 
     ``tools`` (OpenAI function schemas) are passed as the template's ``tools=`` argument when given
-    (a template that ignores it renders the same ids as without).  transformers 5 returns a
+    (a template that ignores it renders the same ids as without).  ``template_kwargs``
+    (``data.apply_chat_template_kwargs``, e.g. ``{"enable_thinking": False}`` for Qwen3) are passed to
+    ``tokenizer.apply_chat_template`` as extra keywords, which the template reads as variables, as
+    verl's ``RLHFDataset`` does.  transformers 5 returns a
     ``BatchEncoding`` from ``apply_chat_template(tokenize=True)``; older versions return a plain
     list.  Both are accepted.
 
     Returns:
         list of token ids ``(prompt_len,)``.
     """
-    kw = {"tools": tools} if tools else {}
+    kw: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        kw["tools"] = tools
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
     if isinstance(out, Mapping) or hasattr(out, "keys"):
         out = out["input_ids"]
@@ -138,6 +146,8 @@ class RLDataset:
             does, when the template renders them (:func:`template_renders_tools`); otherwise a warning
             and the prompts are rendered without them (the prompt itself must then describe the tools).
             :attr:`tools_rendered` says which.
+        chat_template_kwargs: ``data.apply_chat_template_kwargs``: extra keywords for every
+            ``tokenizer.apply_chat_template`` call (see :func:`tokenize_messages`); None = none.
 
     Each item is a dict with ``input_ids`` (1-D LongTensor ``(prompt_len,)``), ``raw_prompt``
     (the messages), ``data_source`` (str), ``ground_truth`` (str; numbers are converted,
@@ -161,6 +171,7 @@ class RLDataset:
         source_name: str = "dataset",
         origins: Sequence[str] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ConfigError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
@@ -169,6 +180,7 @@ class RLDataset:
         if origins is not None and len(origins) != len(rows):
             raise ValueError(f"{len(origins)} origins for {len(rows)} rows")
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_prompt_length = max_prompt_length
         self.source_name = source_name
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -226,7 +238,7 @@ class RLDataset:
         gt = _ground_truth(row)
         if gt is None:
             raise DataError(f"{origin} has no reward_model.ground_truth")
-        ids = tokenize_messages(self.tokenizer, messages, self.tools)
+        ids = tokenize_messages(self.tokenizer, messages, self.tools, self.chat_template_kwargs)
         if len(ids) > self.max_prompt_length:
             if filter_overlong:
                 self.num_filtered += 1

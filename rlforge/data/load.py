@@ -109,8 +109,9 @@ def load_rl_dataset(
         files: ``data.train_files`` or ``data.val_files`` (one path, a list, or ``builtin:<task>``).
         tokenizer: Hugging Face tokenizer with a chat template.
         data_cfg: object with verl's ``data.*`` attributes: ``prompt_key``,
-            ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``seed`` and
-            ``builtin.{difficulty, train_size, val_size}``.
+            ``max_prompt_length``, ``truncation``, ``filter_overlong_prompts``, ``seed``,
+            ``builtin.{difficulty, train_size, val_size}`` and, where present,
+            ``apply_chat_template_kwargs`` (extra keywords for the chat template).
         split: ``"train"`` or ``"val"``; picks the built-in split and the key named in errors.
             ``data.<split>_max_samples`` > 0 keeps only the first that many rows (before tokenizing).
         tools: OpenAI function schemas to render into the prompts (see :class:`RLDataset`); None = none.
@@ -138,6 +139,7 @@ def load_rl_dataset(
         source_name=key,
         origins=origins,
         tools=tools,
+        chat_template_kwargs=dict(getattr(data_cfg, "apply_chat_template_kwargs", None) or {}),
     )
     if len(dataset) == 0:
         raise empty_dataset_error(key, [(e, len(new)) for e, new, _ in entries], len(rows), dataset, data_cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,11 +37,13 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init_distributed(device_type: str = "cuda") -> DistInfo:
+def init_distributed(device_type: str = "cuda", timeout: timedelta | None = None) -> DistInfo:
     """Initialise the default process group from torchrun's environment variables.
 
     Args:
         device_type: ``cuda`` (NCCL backend, one GPU per local rank) or ``cpu`` (gloo).
+        timeout: how long a collective may wait before it fails (``actor_rollout_ref.nccl_timeout``);
+            None = torch's default.  An existing group keeps its own.
     Returns:
         This process's :class:`DistInfo`.  ``WORLD_SIZE`` unset (a plain ``python`` launch):
         rank 0 of 1 and no process group.  ``torchrun --nproc_per_node=1`` does create a
@@ -60,12 +63,13 @@ def init_distributed(device_type: str = "cuda") -> DistInfo:
         local = int(os.environ.get("LOCAL_RANK", rank))
         if device_type == "cuda":
             torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world,
+                                timeout=timeout)
     device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
     return DistInfo(rank, world, local, device)
 
 
-def init_single_process(device: torch.device) -> DistInfo:
+def init_single_process(device: torch.device, timeout: timedelta | None = None) -> DistInfo:
     """A process group of one rank inside this process (no launcher, no network), so that the
     sharded engines (``strategy=fsdp2``/``fsdp``/``megatron``) run on one device with the same
     code, the same mesh semantics and the same keys as on N (torchtitan and nanochat do this).
@@ -75,6 +79,7 @@ def init_single_process(device: torch.device) -> DistInfo:
 
     Args:
         device: this process's compute device (``cpu``, ``cuda`` or ``cuda:N``).
+        timeout: the group's collective timeout (see :func:`init_distributed`); None = torch's default.
     Raises:
         ConfigError: a CUDA device asked for but no GPU is visible.
     """
@@ -85,7 +90,7 @@ def init_single_process(device: torch.device) -> DistInfo:
         torch.cuda.set_device(device)
     if not is_initialized():
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), device.index or 0, device)
 
 

@@ -6,14 +6,16 @@ Files under ``<trainer.default_local_dir>/trace/`` (``R`` = rank):
 - ``rank<R>.json``: the Chrome / Perfetto trace of every stage (``trainer.profile=true``),
   rewritten at most every :attr:`PerfMonitor.TRACE_WRITE_EVERY_S` seconds and at the end;
 - ``gpu_samples_rank<R>.jsonl``: every GPU sample (``trainer.profile=true`` on a GPU);
-- ``torch_rank<R>_step<N>.json``: a ``torch.profiler`` trace of each step N in ``trainer.profile_steps``.
+- ``torch_rank<R>_step<N>.json``: a ``torch.profiler`` trace of each step N in ``trainer.profile_steps``
+  (and in verl's ``global_profiler.steps`` with ``global_profiler.tool=torch``; these files go to
+  ``global_profiler.save_path`` where that is set: :mod:`rlforge.perf.verl_profiler`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import torch
 
 from rlforge.perf.gpu_sampler import GpuSample, GpuSampler, gpu_step_metrics, local_gpu_reader, util_stats
 from rlforge.perf.trace import Timeline, chrome_trace, sample_rows, write_json_atomic
+from rlforge.perf.verl_profiler import torch_profile
 
 
 class PerfMonitor:
@@ -33,15 +36,17 @@ class PerfMonitor:
         trace_dir: ``<run dir>/trace``.
         profile: write the stage trace and the GPU samples file.
         profile_steps: steps recorded with ``torch.profiler``.
+        torch_trace_dir: folder of the ``torch.profiler`` files; None = ``trace_dir``.
     """
 
     TRACE_WRITE_EVERY_S = 60.0
 
     def __init__(self, timeline: Timeline, sampler: GpuSampler | None, trace_dir: Path, profile: bool = False,
-                 profile_steps: tuple[int, ...] = ()) -> None:
+                 profile_steps: tuple[int, ...] = (), torch_trace_dir: Path | None = None) -> None:
         self.timeline = timeline
         self.sampler = sampler
         self.trace_dir = Path(trace_dir)
+        self.torch_trace_dir = Path(torch_trace_dir) if torch_trace_dir is not None else self.trace_dir
         self.profile = profile
         self.profile_steps = frozenset(profile_steps)
         self._kept_samples: list[GpuSample] = []  # for the trace's counter tracks (profile only)
@@ -53,8 +58,16 @@ class PerfMonitor:
             sampler.start()
 
     @classmethod
-    def from_config(cls, trainer_cfg: Any, rank: int, device: torch.device, out_dir: str | Path) -> PerfMonitor:
-        """Build from ``trainer.{profile,profile_steps,gpu_sample_interval_s}``; samples ``device`` if it is a GPU."""
+    def from_config(cls, trainer_cfg: Any, rank: int, device: torch.device, out_dir: str | Path,
+                    global_profiler: Mapping[str, Any] | None = None) -> PerfMonitor:
+        """Build from ``trainer.{profile,profile_steps,gpu_sample_interval_s}`` and verl's ``global_profiler``
+        (:func:`~rlforge.perf.verl_profiler.torch_profile`: its steps join ``profile_steps``); samples
+        ``device`` if it is a GPU.
+
+        Raises:
+            ConfigError: bad ``global_profiler.steps``.
+        """
+        verl = torch_profile(global_profiler or {})
         sampler = None
         interval = float(trainer_cfg.gpu_sample_interval_s)
         if interval > 0:
@@ -62,8 +75,9 @@ class PerfMonitor:
                                                                    if device.type == "cuda" else 0)
             read = local_gpu_reader(device.type, [index])
             sampler = GpuSampler(read, interval) if read is not None else None
-        return cls(Timeline(rank), sampler, Path(out_dir) / "trace", bool(trainer_cfg.profile),
-                   tuple(int(s) for s in (trainer_cfg.profile_steps or ())))
+        steps = tuple(sorted({int(s) for s in (trainer_cfg.profile_steps or ())} | set(verl.steps)))
+        return cls(Timeline(rank), sampler, Path(out_dir) / "trace", bool(trainer_cfg.profile), steps,
+                   Path(verl.save_path) if verl.save_path is not None else None)
 
     # ------------------------------------------------------------------ during a step
     @contextmanager
@@ -79,8 +93,8 @@ class PerfMonitor:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=acts) as prof:
             yield
-        self.trace_dir.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(self.trace_dir / f"torch_rank{self.timeline.rank}_step{global_step}.json"))
+        self.torch_trace_dir.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(self.torch_trace_dir / f"torch_rank{self.timeline.rank}_step{global_step}.json"))
 
     def step_metrics(self) -> dict[str, float]:
         """GPU metrics of the last ``step`` interval (see :func:`gpu_step_metrics`) and

@@ -140,7 +140,8 @@ class PPOTrainer:
         if self.global_step == 0 and self.rank == 0:
             rotate_metrics_file(Path(self.out_dir))
         self.stage_memory = StageMemory()
-        self.perf = PerfMonitor.from_config(cfg.trainer, self.rank, self.job.device, self.out_dir)
+        self.perf = PerfMonitor.from_config(cfg.trainer, self.rank, self.job.device, self.out_dir,
+                                            cfg.global_profiler)
         self.tracker = Tracking(loggers if self.rank == 0 else [], self.out_dir, cfg.trainer.project_name,
                                 cfg.trainer.experiment_name, _config_dict(cfg) if self.rank == 0 else None)
 

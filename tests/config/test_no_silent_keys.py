@@ -1,8 +1,8 @@
 """No config key is ignored silently.
 
-Every leaf key below ``actor_rollout_ref.{model,actor,ref,rollout}``, ``critic``, ``trainer`` and
-``algorithm.rollout_correction``
-(walked from the dataclasses) must either be *consumed*: read by the code while a job is built
+Every leaf key of the schema, in every section (``data``, ``actor_rollout_ref``, ``critic``,
+``reward_model``, ``custom_reward_function``, ``algorithm``, ``trainer``, ``global_profiler``, ``ray_kwargs``,
+...; walked from the dataclasses) must either be *consumed*: read by the code while a job is built
 and trained (:func:`rlforge.cli.run_train`, one step, on ``preset:tiny`` on the CPU), or *warned*:
 set to a value other than its default, it makes :func:`~rlforge.config.later_work.later_work_warnings`
 print a line naming it (a row of ``LATER_WORK``), or validation refuses it with an error naming it
@@ -20,8 +20,12 @@ vs FSDP1 vs ``strategy=megatron``, a critic, a reference, FlowRL, checkpoints, v
 policy losses are called once each with a recording config, and what no CPU run can read is in
 the small table :data:`READ_ELSEWHERE`, each entry checked against the source.  For the rollout
 backends and the training engines the check is also per mode (:data:`BACKENDS`): a key that one
-backend reads and another does not must warn under the other.  The module takes ~45 s on two
-cores (five one-step runs).
+backend reads and another does not must warn under the other.  The reward model's and the judge's
+keys are walked the same way by ``tests/rewards/test_model_reward_run.py`` (runs with a reward model),
+so they are left out here (:func:`walked_elsewhere`).  Free-form fields are one leaf each; the sub-keys
+verl gives some of them (``global_profiler.tool``, ``ray_kwargs.ray_init``, ``data.sampler.class_path``, ...:
+:data:`FREE_FORM_KEYS`) are probed one by one too, in a config-only test.  The module takes ~35 s on two
+cores (four one-step runs).
 """
 
 from __future__ import annotations
@@ -47,9 +51,8 @@ from rlforge.config.later_work import later_work_warnings
 from rlforge.config.root import RLForgeConfig
 from rlforge.errors import ConfigError
 
-ROOTS = ("actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout",
-         "critic", "trainer", "algorithm.rollout_correction")
-"""The config nodes whose keys this test walks."""
+ROOTS = ("",)
+"""The config nodes whose keys this test walks: the whole schema (``""`` = the root)."""
 
 # ---------------------------------------------------------------------------------------------- the detector
 
@@ -87,7 +90,15 @@ def schema_keys(cls: type, prefix: str) -> list[str]:
 
 
 def node_class(root: type, dotted: str) -> type:
-    return schema.strip_optional(schema.lookup(root, dotted))
+    return schema.strip_optional(schema.lookup(root, dotted)) if dotted else root
+
+
+def walked_elsewhere(key: str) -> bool:
+    """Keys that another module walks with runs of their own: the reward model's and the judge's
+    (``tests/rewards/test_model_reward_run.py``, which leaves the reward-manager keys to this module)."""
+    from rewards.test_model_reward_run import NOT_OURS
+
+    return key.startswith("reward_model.") and not key.startswith(NOT_OURS)
 
 
 def all_keys(root: type = RLForgeConfig) -> list[str]:
@@ -226,6 +237,81 @@ def not_reported(cfg: Any, keys: list[str], warnings_of: Callable[[Any], list[st
     return silent
 
 
+FREE_FORM_KEYS: dict[str, Any] = {
+    "global_profiler.tool": "torch",
+    "global_profiler.steps": [1],
+    "global_profiler.profile_continuous_steps": True,
+    "global_profiler.save_path": "outputs/profile",
+    "global_profiler.global_tool_config": {"nsys": {"discrete": True}},
+    "ray_kwargs.ray_init": {"num_cpus": 4},
+    "ray_kwargs.timeline_json_file": "timeline.json",
+    "ray_init.num_cpus": 4,
+    "data.sampler.class_path": "pkg/curriculum.py",
+    "data.sampler.class_name": "Curriculum",
+    "data.datagen.path": "pkg/gen.py",
+    "data.datagen.name": "Generator",
+    "reward_model.sandbox_fusion.url": "http://localhost:8080/run_code",
+    "reward_model.profiler.enable": True,
+    "actor_rollout_ref.actor.profiler.enable": True,
+}
+"""Sub-keys that verl gives some free-form fields (its ``_generated_ppo_trainer.yaml``), each with a value a
+user sets.  Set alone, each one warns; where a combination takes effect (``global_profiler.tool=torch`` with
+``steps`` and ``save_path``: torch.profiler traces of those steps in that folder) a test shows it
+(:data:`FREE_FORM_EFFECTS`)."""
+
+FREE_FORM_EFFECTS: dict[str, str] = {
+    "global_profiler.tool": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
+    "global_profiler.steps": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
+    "global_profiler.save_path": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
+}
+"""Free-form sub-keys that take effect together with others: ``key -> the test that shows the effect``."""
+
+
+def _get_free(cfg: Any, dotted: str) -> tuple[dict, str]:
+    """The dict that holds the free-form sub-key ``dotted`` (created on the way where missing) and its name."""
+    parts = dotted.split(".")
+    node = cfg
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part) if isinstance(node, dict) else getattr(node, part)
+        if child is None and isinstance(node, dict):
+            child = node[part] = {}
+        if not dataclasses.is_dataclass(child) and not isinstance(child, dict):
+            raise AssertionError(f"{'.'.join(parts[:i + 1])} is not a node or a free-form field")
+        node = child
+    assert isinstance(node, dict), f"{dotted}: its parent is not a free-form field"
+    return node, parts[-1]
+
+
+def _free_form_head(key: str) -> str:
+    """The free-form field of the schema above the sub-key ``key`` (``ray_kwargs`` for ``ray_kwargs.ray_init``)."""
+    parts = key.split(".")
+    return next(h for h in (".".join(parts[:i]) for i in range(1, len(parts)))
+                if schema.kind_of(schema.lookup(RLForgeConfig, h)) == "free")
+
+
+def free_form_not_reported(cfg: Any, keys: dict[str, Any]) -> list[str]:
+    """The free-form sub-keys of ``keys`` (``key -> value``) that, set alone on ``cfg`` (then taken out
+    again), add no warning naming them (the sub-key, or its free-form field with the sub-key's name in the
+    value shown) and are not refused by an error naming them (as :func:`not_reported`)."""
+    import copy
+
+    base = set(later_work_warnings(cfg))
+    silent = []
+    for key in keys:
+        head = _free_form_head(key)
+        old = copy.deepcopy(get_key(cfg, head))
+        parent, leaf = _get_free(cfg, key)
+        parent[leaf] = keys[key]
+        try:
+            new = [w for w in later_work_warnings(cfg) if w not in base]
+            named = [w for w in new if key in w or (f"{head}=" in w and leaf in w)]
+            if not named and key not in _refusal(cfg):
+                silent.append(key)
+        finally:
+            set_key(cfg, head, old)
+    return silent
+
+
 # ---------------------------------------------------------------------------------------------- the runs
 
 A, REF, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
@@ -251,7 +337,7 @@ RUNS: dict[str, list[str]] = {
         "algorithm.use_kl_in_reward=true", f"{R}.name=hf", f"{A}.strategy=fsdp", "critic.strategy=fsdp",
         "critic.optim.lr_scheduler_type=cosine", "critic.ppo_micro_batch_size=2",
         "critic.forward_micro_batch_size_per_gpu=null", "critic.forward_micro_batch_size=4",
-        f"{A}.use_torch_compile=false",
+        f"{A}.use_torch_compile=false", "algorithm.kl_ctrl.type=adaptive", "data.validation_shuffle=true",
     ],
     # FlowRL (log-Z head, its learning rate) on FSDP2, exporting a Hugging Face folder with the head.
     "flowrl": ["trainer.total_training_steps=1", f"{A}.policy_loss.loss_mode=flowrl", "trainer.save_freq=1",
@@ -285,6 +371,16 @@ prefixes that one value reads and another does not must warn under the other."""
 READ_ELSEWHERE: dict[str, tuple[str, str]] = {
     # Sizes the KV cache from the GPU's memory: the native rollout reads it on CUDA only.
     f"{R}.gpu_memory_utilization": ("CUDA (native rollout)", "rlforge/rollout/native/engine.py"),
+    # DAPO's dynamic sampling: a one-step run on an untrained model keeps no group (zero reward spread).
+    **{f"algorithm.filter_groups.{k}": ("algorithm.filter_groups.enable=true", "rlforge/trainer/ppo_trainer.py")
+       for k in ("metric", "max_num_gen_batches", "proceed_on_limit")},
+    # The target of builtin:distribution (FlowRL's toy task; tests/data/test_data_builtin.py).
+    **{f"data.builtin.distribution.{k}": ("data.train_files=builtin:distribution", "rlforge/data/tasks/distribution.py")
+       for k in ("weights", "means", "width", "low", "high")},
+    "data.builtin.distribution.invalid_reward": ("data.train_files=builtin:distribution", "rlforge/rewards/rules.py"),
+    # DAPO's overlong penalty (tests/rewards).
+    **{f"reward_model.overlong_buffer.{k}": ("reward_model.overlong_buffer.enable=true", "rlforge/rewards/managers.py")
+       for k in ("len", "penalty_factor")},
 }
 """Keys no CPU run here can read: ``key -> (the mode that reads it, the file that reads it)``."""
 
@@ -398,11 +494,33 @@ def _fresh(run: Run) -> RLForgeConfig:
 def test_every_key_is_consumed_or_warned(runs) -> None:
     out, _ = runs
     read = set().union(*(r.reads for r in out.values()))
-    unread = [k for k in all_keys() if k not in read and k not in READ_ELSEWHERE]
+    unread = [k for k in all_keys() if k not in read and k not in READ_ELSEWHERE and not walked_elsewhere(k)]
     silent = not_reported(_fresh(out["native_fsdp2"]), unread)
     assert not silent, (
         "config keys that no run reads and that no LATER_WORK row warns about (make them work, or add a "
         f"row to rlforge/config/later_work.py): {silent}")
+
+
+def test_free_form_sub_keys_warn_or_take_effect() -> None:
+    """Every sub-key verl gives a free-form field warns when set alone (taking effect only together
+    with others, where a test shows it); each one lies below a free-form field of the schema."""
+    for key in FREE_FORM_KEYS:
+        _free_form_head(key)  # raises StopIteration when no free-form field is above it
+    silent = free_form_not_reported(rlforge.config.load_config(), FREE_FORM_KEYS)
+    assert not silent, f"free-form sub-keys that change nothing and warn about nothing: {silent}"
+    root = Path(rlforge.__file__).parent.parent
+    for key, test in FREE_FORM_EFFECTS.items():
+        path, _, name = test.partition("::")
+        assert key in FREE_FORM_KEYS and f"def {name}(" in (root / path).read_text(), (key, test)
+
+
+def test_whole_schema_is_walked() -> None:
+    """The walk covers every top-level section of the schema, not only the actor, critic and trainer."""
+    keys = all_keys()
+    for section in ("data.", "algorithm.", "custom_reward_function.", "reward_model.reward_manager",
+                    "actor_rollout_ref.nccl_timeout", "global_profiler", "ray_kwargs"):
+        assert any(k.startswith(section) for k in keys), section
+    assert walked_elsewhere("reward_model.judge.path") and not walked_elsewhere("reward_model.sandbox_fusion")
 
 
 def _backend_reads(kind: str, value: str, model: torch.nn.Module, tokenizer: Any) -> set[str]:

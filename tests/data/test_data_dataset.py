@@ -242,3 +242,29 @@ def test_all_rows_filtered_names_the_filter(smol_tokenizer, tmp_path) -> None:
     assert msg.startswith(f"data.train_files: no prompts left: {path} (3 rows); rows read 3, kept 0: all 3 were "
                           "longer than data.max_prompt_length=40 tokens and data.filter_overlong_prompts=True"), msg
     assert "batch_size" not in msg
+
+
+_THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+"""Qwen3's switch, reduced: ``enable_thinking=False`` closes an empty think block in the generation prompt."""
+
+
+def test_apply_chat_template_kwargs_reach_the_template(smol_tokenizer, tmp_path) -> None:
+    """``data.apply_chat_template_kwargs`` are passed to the chat template (Qwen3's ``enable_thinking``)."""
+    import copy
+
+    tok = copy.deepcopy(smol_tokenizer)
+    tok.chat_template = _THINKING_TEMPLATE
+    path = write_jsonl(tmp_path / "a.jsonl", [row("What is 1 + 1?", "2")])
+    plain = load_rl_dataset(path, tok, data_cfg(apply_chat_template_kwargs={}))[0]["input_ids"].tolist()
+    off = load_rl_dataset(path, tok, data_cfg(apply_chat_template_kwargs={"enable_thinking": False}))
+    on = load_rl_dataset(path, tok, data_cfg(apply_chat_template_kwargs={"enable_thinking": True}))
+    want = "<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(plain) == want
+    assert tok.decode(off[0]["input_ids"].tolist()) == want + "<think>\n\n</think>\n\n"
+    assert on[0]["input_ids"].tolist() == plain
+    assert tokenize_messages(tok, [{"role": "user", "content": "What is 1 + 1?"}],
+                             template_kwargs={"enable_thinking": False}) == off[0]["input_ids"].tolist()

@@ -1,6 +1,6 @@
 """A reward model and a judge in a training step (``rlforge train``, one step on preset:tiny), and every
 ``reward_model`` key they own is consumed by such a run or warned about (``tests/config/test_no_silent_keys.py``'s
-detector, applied to the reward-model keys; that module walks only the actor, critic and trainer trees).
+detector, applied to the reward-model keys; that module walks every other key and leaves these to this one).
 
 Not walked here: the reward-manager keys (``reward_manager``, ``launch_reward_fn_async``, ``reward_kwargs``,
 ``overlong_buffer``, ``sandbox_fusion``, ``profiler``), which belong to the reward managers."""

@@ -4,6 +4,7 @@ sizes (:class:`BuildContext`); and the job's data (:func:`build_data`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -49,9 +50,13 @@ class DataParts:
 
 def init_device(cfg: Any) -> torch.device:
     """``trainer.device``, with its process group: one process per device under a launcher, else a
-    one-rank group in this process, so that the same sharded engine runs on 1 device and on N."""
+    one-rank group in this process, so that the same sharded engine runs on 1 device and on N.  The
+    group's collective timeout is ``actor_rollout_ref.nccl_timeout`` seconds (verl's key)."""
     device = pick_device(cfg.trainer.device)
-    return init_distributed(device.type).device if under_launcher() else init_single_process(device).device
+    timeout = timedelta(seconds=int(cfg.actor_rollout_ref.nccl_timeout))
+    if under_launcher():
+        return init_distributed(device.type, timeout=timeout).device
+    return init_single_process(device, timeout=timeout).device
 
 
 def build_data(cfg: Any, tokenizer: Any, seed: int) -> DataParts:
@@ -67,7 +72,8 @@ def build_data(cfg: Any, tokenizer: Any, seed: int) -> DataParts:
     if cfg.data.val_files:
         val_ds = load_rl_dataset(cfg.data.val_files, tokenizer, cfg.data, split="val", tools=tools)
         val_bs = cfg.data.val_batch_size or len(val_ds)
-        val = PromptLoader(val_ds, min(val_bs, len(val_ds)), shuffle=False, seed=seed, drop_last=False,
+        val = PromptLoader(val_ds, min(val_bs, len(val_ds)), shuffle=bool(cfg.data.validation_shuffle), seed=seed,
+                           drop_last=False,
                            batch_size_key="data.val_batch_size")
     return DataParts(train, val)
 
