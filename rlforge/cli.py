@@ -28,9 +28,15 @@ from collections.abc import Sequence
 from rlforge.errors import RLForgeError
 
 
-def _quiet_libraries() -> None:
+def _library_environment() -> None:
+    """Environment the Hugging Face libraries read at import: set before any of them loads."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _quiet_libraries() -> None:
+    """transformers' own logging and progress bars off.  Called once the config is checked:
+    importing transformers imports torch (seconds on a busy machine), which a config error need not wait for."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -100,6 +106,7 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     if print_config:
         _print(format_config(cfg))
         return 0
+    _quiet_libraries()
     from rlforge.launch import maybe_launch
     from rlforge.trainer.cpu_threads import apply_cpu_threads
     from rlforge.trainer.summary import announce_start, launching, print_summary
@@ -179,8 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
     _route_logs()
-    if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
-        _quiet_libraries()
+    _library_environment()
+    if args.command not in ("perf", "train"):  # perf needs neither torch nor transformers; train quiets
+        _quiet_libraries()  # them after its config is checked (run_train)
     try:
         if args.command == "train":
             job = None if args.job in ("none", "") else args.job

@@ -56,6 +56,7 @@ class LaterWork:
 
 
 def _liger_available() -> bool:
+    """Imports torch: asked only when ``model.use_liger=True``."""
     from rlforge.engine.liger import liger_available
 
     return liger_available()
@@ -343,7 +344,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork("critic.ulysses_sequence_parallel_size", lambda v: v > 1, _NOT_HERE),
     LaterWork(f"{_ARR}.model.use_liger", lambda v: v[0] is True and not v[1],
               "{key}=True needs liger-kernel and a CUDA GPU (pip install liger-kernel); using the eager modules",
-              lambda c: (c.actor_rollout_ref.model.use_liger, _liger_available())),
+              lambda c: (c.actor_rollout_ref.model.use_liger,
+                         c.actor_rollout_ref.model.use_liger is True and _liger_available())),
     LaterWork("use_dynamic_bsz micro-batch sizes", bool,
               "{value_list}: no effect with use_dynamic_bsz / log_prob_use_dynamic_bsz on, which pack "
               "micro-batches to the *_max_token_len_per_gpu token budgets instead (as verl does); ignored",
