@@ -186,9 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
     _route_logs()
-    _library_environment()
-    if args.command not in ("perf", "train"):  # perf needs neither torch nor transformers; train quiets
-        _quiet_libraries()  # them after its config is checked (run_train)
+    if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
+        _library_environment()
+    if args.command in ("data", "export"):  # train quiets them once its config is checked (run_train)
+        _quiet_libraries()
     try:
         if args.command == "train":
             job = None if args.job in ("none", "") else args.job
