@@ -28,8 +28,14 @@ from collections.abc import Sequence
 from rlforge.errors import RLForgeError
 
 
-def _quiet_libraries() -> None:
+def _library_environment() -> None:
+    """Environment the Hugging Face libraries read at import: set before any of them loads."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _quiet_libraries() -> None:
+    """transformers' own logging and progress bars off.  Called once the config is checked:
+    importing transformers imports torch (seconds on a busy machine), which a config error need not wait for."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -99,6 +105,7 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     if print_config:
         _print(format_config(cfg))
         return 0
+    _quiet_libraries()
     from rlforge.launch import maybe_launch
     from rlforge.trainer.cpu_threads import apply_cpu_threads
     from rlforge.trainer.summary import announce_start, launching, print_summary
@@ -179,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     _route_logs()
     if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
+        _library_environment()
+    if args.command in ("data", "export"):  # train quiets them once its config is checked (run_train)
         _quiet_libraries()
     try:
         if args.command == "train":

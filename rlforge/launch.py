@@ -22,8 +22,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from rlforge.errors import ConfigError
 
 
@@ -111,6 +109,8 @@ def maybe_launch(cfg: Any, argv: Sequence[str]) -> int | None:
             file=sys.stderr,
         )
         return 2
+    import torch  # here, not at the top: a user error is reported (report_user_error) before torch loads
+
     wants_cuda = t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())
     if wants_cuda and torch.cuda.device_count() < t.n_gpus_per_node:
         raise ConfigError(

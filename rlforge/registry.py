@@ -9,12 +9,22 @@ caller never branches on a key.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from rlforge.errors import ConfigError
 
 T = TypeVar("T")
+
+
+def unknown_name(kind: str, config_key: str, name: object, valid: Iterable[str]) -> ConfigError:
+    """The error for ``name`` missing from a table of ``kind`` entries selected by ``config_key``:
+    it names the key, the closest valid name and every valid name (what :meth:`Registry.get` raises)."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    where = f" ({config_key})" if config_key else ""
+    return ConfigError(f"unknown {kind} {name!r}{where}.{hint} Valid names: {', '.join(valid)}")
 
 
 class Registry(Generic[T]):
@@ -56,13 +66,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            valid = sorted(self._entries)
-            close = difflib.get_close_matches(str(name), valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            where = f" ({self.config_key})" if self.config_key else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}{where}.{hint} Valid names: {', '.join(valid)}"
-            ) from None
+            raise unknown_name(self.kind, self.config_key, name, self._entries) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

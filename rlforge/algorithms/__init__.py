@@ -8,6 +8,8 @@ and ``KL_CONTROLLERS`` (``algorithm.kl_ctrl.type``).  Importing this package reg
 entry (the modules below register on import).
 """
 
+from rlforge.config.registry_names import OTB_ESTIMATORS
+
 from .advantages import (
     ADV_ESTIMATORS,
     AdvantageInputs,
@@ -16,7 +18,6 @@ from .advantages import (
     compute_grpo_outcome_advantage,
 )
 from .advantages_otb import (
-    OTB_ESTIMATORS,
     compute_gdpo_outcome_advantage,
     compute_optimal_token_baseline_advantage,
     compute_tir_optimal_token_baseline_advantage,

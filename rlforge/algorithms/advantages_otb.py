@@ -49,8 +49,6 @@ from .utils import apply_mask
 OTB_EPS = 1e-8
 """Added to the denominator of the optimal token baseline (verl's value)."""
 
-OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-"""The estimators that read ``sum_pi_squared`` (``actor.calculate_sum_pi_squared``)."""
 
 
 def _otb_inputs(inputs: AdvantageInputs, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from rlforge.config.registry_names import flowrl_uses_ref
 from rlforge.errors import ConfigError
 
 from .advantages import GRPO_EPS
@@ -168,7 +169,7 @@ def _reward_target_inputs(actor_cfg: Any, token_level_rewards: torch.Tensor | No
 # What the job builds for this loss: the log Z head and its forward, the reward target over the
 # whole batch, and the reference forward unless policy_loss.flowrl.use_ref is false.
 with_hooks(PolicyLossHooks(
-    needs_ref_log_prob=lambda actor_cfg: bool(actor_cfg.policy_loss.flowrl.use_ref),
+    needs_ref_log_prob=flowrl_uses_ref,  # torch-free, for validation: registry_names.LOSSES_NEEDING_REF
     extra_modules=_log_z_modules,
     forward=_log_z_forward,
     batch_inputs=_reward_target_inputs,

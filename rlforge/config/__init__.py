@@ -2,7 +2,10 @@
 
 Entry points: :func:`load_config` (layers: schema defaults <- job <- ``--config`` <- CLI
 overrides), :func:`validate_config` (cross-field checks and warnings), :func:`format_config`
-(resolved YAML).  Where each block lives::
+(resolved YAML).  The package and its validation import no torch (nor transformers, tensordict,
+peft, numpy), so a config error comes back before their start-up; a check that needs torch imports
+it inside the function, and only for a run that sets the key (``tests/cli/test_config_before_torch.py``).
+Where each block lives::
 
     cfg.data                          DataConfig (data.py); cfg.data.builtin: BuiltinTaskConfig
     cfg.actor_rollout_ref             ActorRolloutRefConfig (actor.py)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.algorithms.advantages_otb import OTB_ESTIMATORS
+from rlforge.config import registry_names as names
 from rlforge.config.actor import ActorConfig
 from rlforge.config.algorithm import PFPPOConfig
 from rlforge.config.common import (
@@ -59,6 +59,7 @@ class LaterWork:
 
 
 def _liger_available() -> bool:
+    """Imports torch: asked only when ``model.use_liger=True``."""
     from rlforge.engine.liger import liger_available
 
     return liger_available()
@@ -390,7 +391,7 @@ def _ray_settings(value: Any) -> bool:
 _NO_RAY = "{key}={value}: a Ray setting; rlforge runs without Ray (rlforge train starts its own processes); ignored"
 
 LATER_WORK: tuple[LaterWork, ...] = (
-    LaterWork(f"{_ARR}.actor.calculate_sum_pi_squared", lambda v: v[0] and v[1] not in OTB_ESTIMATORS,
+    LaterWork(f"{_ARR}.actor.calculate_sum_pi_squared", lambda v: v[0] and v[1] not in names.OTB_ESTIMATORS,
               "{key}=True with algorithm.adv_estimator={value[1]}: the old_log_prob stage computes the sum of squared "
               "probabilities, but only the optimal-token-baseline estimators read it (verl's variance_proxy/* "
               "metrics are not logged in this build)",

@@ -210,17 +210,26 @@ def _check_fp16(cfg: Any, role: Role, strategy: str) -> None:
 def check_precision_and_offload(cfg: Any, uses_ref: bool, uses_critic: bool) -> list[str]:
     """Raise :class:`ConfigError` for the first impossible or silently ignored combination (see
     the module docstring); return warning lines for the accepted-but-notable ones."""
-    warnings: list[str] = []
-    cpu_offload: list[str] = []
     for role in roles(cfg, uses_ref, uses_critic):
         strategy = get_key(cfg, role.strategy)
-        cpu_offload += _cpu_offload_keys(cfg, role, strategy) if cpu_run(cfg.trainer.device) else []
         _check_names(cfg, role)
         if strategy == "megatron":
             _check_megatron(cfg, role)
         _check_offload(cfg, role, strategy)
         if role.trained:
             _check_fp16(cfg, role, strategy)
+    return _warnings(cfg, roles(cfg, uses_ref, uses_critic))
+
+
+def _warnings(cfg: Any, run_roles: list[Role]) -> list[str]:
+    """The warning lines, once every error is checked.  :func:`cpu_run` may import torch
+    (``trainer.device=auto``), so it is asked only for a role that sets an offload key."""
+    warnings: list[str] = []
+    cpu_offload: list[str] = []
+    for role in run_roles:
+        strategy = get_key(cfg, role.strategy)
+        offload = _cpu_offload_keys(cfg, role, strategy)
+        cpu_offload += offload if offload and cpu_run(cfg.trainer.device) else []
         if strategy == "fsdp" and get_key(cfg, f"{role.fsdp}.offload_policy") and not cpu_run(cfg.trainer.device):
             warnings.append(f"{role.fsdp}.offload_policy=true with {role.strategy}=fsdp: verl reads offload_policy "
                             "only with strategy=fsdp2 and ignores it for an FSDP1 actor; rlforge applies it as FSDP1 "

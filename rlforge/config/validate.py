@@ -14,16 +14,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rlforge.algorithms import OTB_ESTIMATORS, POLICY_LOSSES
-from rlforge.algorithms.kl import KL_ESTIMATORS
-from rlforge.algorithms.loss_hooks import loss_hooks
-from rlforge.algorithms.rollout_correction import check_config as check_rollout_correction
-from rlforge.algorithms.rollout_correction import is_enabled as rollout_correction_on
+from rlforge.config import registry_names as names
 from rlforge.config.common import get_key
 from rlforge.config.later_work import later_work_warnings
+from rlforge.config.lora import adapter_path_overrides, check_lora_keys, lora_enabled
+from rlforge.config.parallel_dims import parallel_dims
 from rlforge.config.precision import check_precision_and_offload
 from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
 from rlforge.config.reward import check_model_reward
+from rlforge.config.rollout_correction_check import check_config as check_rollout_correction
+from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
@@ -32,8 +32,8 @@ from rlforge.trainer.on_policy import skips_old_log_prob
 __all__ = ["CHOICES", "uses_ref", "validate_config"]
 
 _ARR = "actor_rollout_ref"
-_LOSS_AGG = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_KL = tuple(KL_ESTIMATORS.names())
+_LOSS_AGG = names.LOSS_AGG_MODES.names
+_KL = names.KL_ESTIMATORS.names
 _STRATEGIES = ("fsdp", "fsdp2", "megatron")
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -45,7 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "critic.optim.lr_scheduler_type": ("constant", "cosine"),
     f"{_ARR}.actor.kl_loss_type": _KL,
     "algorithm.kl_penalty": _KL,
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "algorithm.kl_ctrl.type": names.KL_CONTROLLERS.names,
     f"{_ARR}.actor.strategy": _STRATEGIES,
     "critic.strategy": _STRATEGIES,
     f"{_ARR}.actor.policy_loss.flowrl.reward": ("group_norm", "raw"),
@@ -61,9 +61,10 @@ def uses_ref(cfg: RLForgeConfig) -> bool:
     """Whether the run builds the reference policy: a KL term (``actor.use_kl_loss``,
     ``algorithm.use_kl_in_reward``) or a policy loss that asks for it (FlowRL's ``use_ref``)."""
     actor = cfg.actor_rollout_ref.actor
-    loss = POLICY_LOSSES.get(actor.policy_loss.loss_mode)
-    return bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-                or loss_hooks(loss).wants_ref(actor))
+    mode = actor.policy_loss.loss_mode
+    names.POLICY_LOSSES.check(mode)
+    wants_ref = names.LOSSES_NEEDING_REF.get(mode)
+    return bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or (wants_ref is not None and wants_ref(actor)))
 
 
 def validate_config(cfg: RLForgeConfig) -> list[str]:
@@ -75,7 +76,9 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
             that cannot work (:mod:`rlforge.config.precision`).
     """
     _check_choices(cfg)
-    _check_reward_manager(cfg)
+    names.ADV_ESTIMATORS.check(cfg.algorithm.adv_estimator)
+    names.POLICY_LOSSES.check(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    names.REWARD_MANAGERS.check(cfg.reward_model.reward_manager)  # before any model loads
     check_ranges(cfg)
     check_model_len(cfg)
     check_token_budgets(cfg)
@@ -130,8 +133,6 @@ def _check_megatron(cfg: RLForgeConfig, world: int, source: str) -> None:
     (``world`` processes, counted from ``source``: the launcher's ``WORLD_SIZE``, else
     ``trainer.nnodes * trainer.n_gpus_per_node``); the model-dependent checks run when the
     engine is built (:func:`rlforge.engine.megatron.mesh.check_model_fits`)."""
-    from rlforge.engine.megatron.mesh import parallel_dims
-
     arr = cfg.actor_rollout_ref
     blocks = []
     if arr.actor.strategy == "megatron":
@@ -156,11 +157,9 @@ def _check_multi_turn(cfg: RLForgeConfig) -> None:
 
 
 def _check_lora(cfg: RLForgeConfig) -> list[str]:
-    """The LoRA keys of the policy and the critic (:func:`rlforge.models.lora.check_lora_keys`);
+    """The LoRA keys of the policy and the critic (:func:`rlforge.config.lora.check_lora_keys`);
     LoRA is refused under ``strategy=megatron`` and runs ``strategy=fsdp`` as ``fsdp2`` (a warning;
-    :func:`rlforge.models.lora.lora_strategy`).  The model-dependent checks run when it is applied."""
-    from rlforge.models.lora import adapter_path_overrides, check_lora_keys, lora_enabled
-
+    :func:`rlforge.config.lora.lora_strategy`).  The model-dependent checks run when it is applied."""
     out: list[str] = []
 
     for node, model, strategy_key, strategy in (
@@ -202,7 +201,7 @@ def _check_policy_loss(cfg: RLForgeConfig) -> None:
 def _check_estimator_inputs(cfg: RLForgeConfig) -> None:
     """The inputs that ``gdpo`` and the optimal-token-baseline estimators need are configured."""
     alg = cfg.algorithm
-    if alg.adv_estimator in OTB_ESTIMATORS and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+    if alg.adv_estimator in names.OTB_ESTIMATORS and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
         raise ConfigError(f"algorithm.adv_estimator={alg.adv_estimator} reads the old policy's sum of squared "
                           f"probabilities; set {_ARR}.actor.calculate_sum_pi_squared=true")
     if alg.adv_estimator != "gdpo":
@@ -265,13 +264,6 @@ def _check_flowrl(cfg: RLForgeConfig) -> None:
             f"{_ARR}.actor.ppo_micro_batch_size_per_gpu={micro} splits groups of {_ARR}.rollout.n={n}; "
             f"use a multiple of {n} or set {key}.reward=raw"
         )
-
-
-def _check_reward_manager(cfg: RLForgeConfig) -> None:
-    """``reward_model.reward_manager`` names a registered manager (one error listing them, before any model loads)."""
-    from rlforge.rewards import REWARD_MANAGERS
-
-    REWARD_MANAGERS.get(cfg.reward_model.reward_manager)
 
 
 def _check_choices(cfg: RLForgeConfig) -> None:

@@ -15,13 +15,12 @@ from rlforge.algorithms import PolicyLossInputs, compute_policy_loss
 from rlforge.algorithms.rollout_correction import (
     compute_rollout_correction,
     is_weights,
-    parse_rs_options,
-    parse_rs_thresholds,
     reinforce_loss_matrix,
     rejection_mask,
 )
 from rlforge.config import ActorConfig, load_config, validate_config
 from rlforge.config.algorithm import RolloutCorrectionConfig
+from rlforge.config.rollout_correction_check import parse_rs_options, parse_rs_thresholds
 from rlforge.errors import ConfigError
 
 # Two responses; the ratios r = pi_old / pi_rollout per token (row 1's last token is padding,

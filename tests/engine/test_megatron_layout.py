@@ -12,7 +12,8 @@ import torch
 
 from rlforge.config import load_config, validate_config
 from rlforge.config.common import MegatronConfig
-from rlforge.engine.megatron.mesh import ParallelDims, check_model_fits, global_rank, parallel_dims
+from rlforge.config.parallel_dims import ParallelDims, parallel_dims
+from rlforge.engine.megatron.mesh import check_model_fits, global_rank
 from rlforge.engine.megatron.stage import StageModule, rank_stage_ids, stage_layer_ids
 from rlforge.errors import ConfigError
 

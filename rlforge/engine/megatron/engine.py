@@ -62,6 +62,7 @@ from torch.distributed.tensor import DTensor, Shard
 from rlforge.algorithms import loss_agg_globals
 from rlforge.batch import Batch
 from rlforge.config.common import MegatronConfig
+from rlforge.config.parallel_dims import parallel_dims
 from rlforge.engine.activation import ActivationOffload, LayerWrapper, clean_name
 from rlforge.engine.base import ENGINES, ForwardFn, LossFn, LossScale, TrainEngine
 from rlforge.engine.distributed import (
@@ -80,7 +81,7 @@ from rlforge.engine.megatron.inputs import (
     pipeline_micro_batches,
     trim_widths,
 )
-from rlforge.engine.megatron.mesh import build_parallel_mesh, check_model_fits, parallel_dims
+from rlforge.engine.megatron.mesh import build_parallel_mesh, check_model_fits
 from rlforge.engine.megatron.pipeline import DirectRunner, PipelineRunner, StageShapes
 from rlforge.engine.megatron.stage import StageModule, rank_stage_ids, stage_layer_ids
 from rlforge.engine.megatron.state import WeightsAndState

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlforge.config import uses_critic
+from rlforge.config.lora import lora_enabled, lora_strategy
 from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.models import load_value_model
-from rlforge.models.lora import apply_lora, lora_enabled, lora_strategy
+from rlforge.models.lora import apply_lora
 from rlforge.roles.critic import Critic
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import engine_name, make_engine, packs

@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from rlforge.algorithms import POLICY_LOSSES, loss_hooks
+from rlforge.config.lora import lora_enabled, lora_strategy
 from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.errors import ConfigError
 from rlforge.models import load_causal_lm
-from rlforge.models.lora import LoraPlan, apply_lora, lora_enabled, lora_strategy
+from rlforge.models.lora import LoraPlan, apply_lora
 from rlforge.roles.actor import Actor
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import (

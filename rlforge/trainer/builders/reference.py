@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import copy
 
+from rlforge.config.lora import lora_enabled
 from rlforge.config.validate import uses_ref
 from rlforge.engine.adapter_off import AdapterOffEngine
-from rlforge.models.lora import lora_enabled
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import engine_name, head_chunk_size, make_engine

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rlforge.algorithms.rollout_correction import is_enabled as rollout_correction_on
+from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
 from rlforge.engine.base import copy_full_params
 from rlforge.errors import ConfigError
 from rlforge.models.lora import adapted_names, merged_params
