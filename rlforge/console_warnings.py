@@ -8,7 +8,7 @@
   per run however often it is raised;
 * any other warning (torch's, transformers', peft's deprecation notes, such as FSDP1's
   ``state_dict_type`` FutureWarning) is dropped, or, with ``--verbose``, printed once as
-  ``rlforge: library warning: Category: MESSAGE (file:line)``;
+  ``rlforge: library warning: Category: MESSAGE (file:line)`` (the first place it came from);
 * under a launcher (``WORLD_SIZE`` set) only rank 0 prints, and the config's warnings, which the
   user's own process printed before it launched the workers, are not printed again by them.
 
@@ -58,10 +58,12 @@ class WarningPrinter:
         self.stream = stream
         self._seen: set[str] = set()
 
-    def _print(self, line: str) -> None:
-        if line in self._seen or not prints_here():
+    def _print(self, line: str, key: str | None = None) -> None:
+        """Print ``line`` unless ``key`` (default: the line) was printed before."""
+        key = line if key is None else key
+        if key in self._seen or not prints_here():
             return
-        self._seen.add(line)
+        self._seen.add(key)
         print(line, file=self.stream or sys.stderr, flush=True)
 
     def warn(self, message: str) -> None:
@@ -74,7 +76,8 @@ class WarningPrinter:
         if issubclass(category, RLForgeWarning):
             self.warn(str(message))
         elif self.verbose:
-            self._print(f"rlforge: library warning: {category.__name__}: {message} ({filename}:{lineno})")
+            text = f"rlforge: library warning: {category.__name__}: {message}"
+            self._print(f"{text} ({filename}:{lineno})", text)  # once, wherever else it is raised from
 
 
 def install(verbose: bool = False) -> WarningPrinter:

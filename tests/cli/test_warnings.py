@@ -38,6 +38,7 @@ def _fake_run(*args, **kwargs) -> int:
         warnings.simplefilter("always")  # every call reaches the printer: it is the one that dedupes
         for _ in range(2):
             warnings.warn(FSDP_NOTE, FutureWarning, stacklevel=1)
+            warnings.warn(FSDP_NOTE, FutureWarning, stacklevel=2)  # the same note from another place
             warnings.warn("NO_SHARD: full_state_dict will be returned", UserWarning, stacklevel=1)
             warnings.warn("actor_rollout_ref.model.use_liger=True: no kernels here", RLForgeWarning, stacklevel=1)
     return 0
