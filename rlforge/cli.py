@@ -1,6 +1,6 @@
 """``rlforge`` command line: thin parsing and dispatch.
 
-    rlforge train [--config FILE] [--job NAME|none] [--print-config] [key=value | --key=value ...]
+    rlforge train [--config FILE] [--job NAME|none] [--print-config] [--verbose] [key=value | --key=value ...]
     rlforge data gsm8k --src DIR --out DIR
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
@@ -11,7 +11,8 @@
 written as a flag, as verl's tuning guide does (``--a.b=value``, ``--a.b value``:
 :mod:`rlforge.cli_args`).  A user mistake prints one ``rlforge: error: ...`` line and exits
 with status 2.  A run prints one start line and, at the end, a summary
-(:mod:`rlforge.trainer.summary`).
+(:mod:`rlforge.trainer.summary`); warnings are rlforge's own, once each (other libraries' with
+``--verbose``: :mod:`rlforge.console_warnings`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 
 from rlforge.errors import RLForgeError
@@ -40,10 +40,6 @@ def _quiet_libraries() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    print(f"rlforge: warning: {message}", file=sys.stderr, flush=True)
 
 
 class _LogFormat(logging.Formatter):
@@ -98,10 +94,10 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     """Load, validate and run (or print) a training job; returns the exit status.  ``started``
     (``time.time()`` at the command's start; default now) starts the summary's elapsed time."""
     from rlforge.config import effective_loggers, format_config, load_config, validate_config
+    from rlforge.console_warnings import show_config_warnings
 
     cfg = load_config(list(overrides), config_file=config_file, job=job)
-    for w in validate_config(cfg):
-        print(f"rlforge: warning: {w}", file=sys.stderr, flush=True)
+    show_config_warnings(validate_config(cfg))  # once, by the user's process
     if print_config:
         _print(format_config(cfg))
         return 0
@@ -135,6 +131,8 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
     t.add_argument("--job", default="default", help="embedded job to start from ('none' = verl defaults only)")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--verbose", action="store_true", help="also show other libraries' warnings (torch, "
+                   "transformers, peft: once each) and the profiler's log lines")
     t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
     d = sub.add_parser("data", help="prepare datasets")
     dsub = d.add_subparsers(dest="dataset", required=True)
@@ -183,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    warnings.showwarning = _show_warning
+    from rlforge.console_warnings import install
+
+    install(verbose=bool(getattr(args, "verbose", False)))  # rlforge's warnings once; libraries' with --verbose
     _route_logs()
     if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
         _library_environment()

@@ -7,7 +7,7 @@ become the overrides ``actor_rollout_ref.actor.use_dynamic_bsz=True``,
 ``actor_rollout_ref.actor.strategy="fsdp2"`` and ``trainer.test_freq=-1``.  The values are read
 as for ``a.b=value`` (YAML: ``True``/``False``, and ``"fsdp2"`` with its quotes literally in
 argv is the string fsdp2).  A flag whose name has a dot is a config key; rlforge's own flags
-(``--config``, ``--job``, ``--print-config``, ``--help``) have none and are left alone.
+(``--config``, ``--job``, ``--print-config``, ``--verbose``, ``--help``) have none and are left alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from rlforge.errors import RLForgeError
 
-TRAIN_FLAGS = ("--config", "--job", "--print-config", "--help", "-h")
+TRAIN_FLAGS = ("--config", "--job", "--print-config", "--verbose", "--help", "-h")
 """``rlforge train``'s own flags, as the error for an unknown flag lists them."""
 
 _FLAGS_WITH_VALUE = ("--config", "--job")

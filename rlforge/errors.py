@@ -37,3 +37,11 @@ class RewardError(RLForgeError, ValueError):
 class DeviceOutOfMemory(RLForgeError):
     """A stage ran out of accelerator memory; the message names the stage, the memory in use and
     the config keys that lower it (:mod:`rlforge.trainer.oom`).  The original error is ``__cause__``."""
+
+
+class RLForgeWarning(UserWarning):
+    """A warning rlforge prints to the user (``rlforge: warning: ...``): about a key the user set, or
+    a value rlforge chose that changes what the run does.  The command line prints warnings of this
+    category only; other libraries' warnings are shown under ``--verbose``
+    (:mod:`rlforge.console_warnings`).  Every ``warnings.warn`` in rlforge passes this category or a
+    subclass."""

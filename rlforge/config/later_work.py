@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +31,9 @@ from rlforge.config.critic import CriticConfig
 from rlforge.config.data import CustomClsConfig, DataConfig
 from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
 from rlforge.config.rollout import RolloutConfig
-from rlforge.config.root import uses_critic
+from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
+from rlforge.config.user_keys import user_set
 from rlforge.errors import ConfigError
 
 SUPPORTED_LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
@@ -596,12 +598,38 @@ LATER_WORK: tuple[LaterWork, ...] = (
 """Every accepted-but-not-effective key; the only place this list lives."""
 
 
+@functools.cache
+def _schema_defaults() -> RLForgeConfig:
+    """The schema's defaults (verl's), interpolations unresolved (``"${...}"`` strings)."""
+    return RLForgeConfig()
+
+
+def _verl_default(cfg: Any, key: str) -> bool:
+    """Whether ``key`` holds its schema default (verl's), a plain value rather than one that follows
+    another key: a row that matters then reports rlforge's choice, which changes what verl would do
+    (``rollout.name=vllm``: the native engine runs)."""
+    default = get_key(_schema_defaults(), key)
+    return not (isinstance(default, str) and "${" in default) and get_key(cfg, key) == default
+
+
+def _users_part(cfg: Any, row: LaterWork, value: Any) -> Any:
+    """``value`` when the user set the row's key (:func:`~rlforge.config.user_keys.user_set`) or it
+    holds verl's default (:func:`_verl_default`); for a row whose message shows ``{value_list}``
+    (``key`` / ``key=value`` entries), the entries the user set; None when nothing is left.  A value
+    that the embedded job brought, or that follows another key (``ref.megatron.*`` the actor's),
+    is none of the user's business."""
+    if "{value_list}" in row.message:  # value: a list of `key` / `key=value` entries
+        return [v for v in value if user_set(cfg, str(v).partition("=")[0])] or None
+    return value if user_set(cfg, row.key) or _verl_default(cfg, row.key) else None
+
+
 def later_work_warnings(cfg: Any) -> list[str]:
-    """One warning line per :data:`LATER_WORK` row whose value matters, plus skipped loggers."""
+    """One warning line per :data:`LATER_WORK` row whose value matters and that the user set (the
+    ``--config`` file or an override; not the embedded job), plus skipped loggers."""
     out: list[str] = []
     for row in LATER_WORK:
         value = row.value_of(cfg) if row.value_of else get_key(cfg, row.key)
-        if row.matters(value):
+        if row.matters(value) and (value := _users_part(cfg, row, value)) is not None:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else value
             out.append(row.message.format(key=row.key, value=value, value_list=shown))
     for name in cfg.trainer.logger:

@@ -31,7 +31,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rlforge.config import schema
 from rlforge.config.common import OptimConfig
 from rlforge.config.root import RLForgeConfig
-from rlforge.errors import ConfigError
+from rlforge.config.user_keys import leaf_keys, record_user_keys
+from rlforge.errors import ConfigError, RLForgeWarning
 
 KEY_ALIASES: dict[type, dict[str, str]] = {OptimConfig: {"warmup_style": "lr_scheduler_type"}}
 """Older verl key names accepted per dataclass: ``{dataclass: {old_name: current_name}}``."""
@@ -40,7 +41,7 @@ _IGNORED_KEYS = ("_target_",)
 _IGNORED_ROOT_KEYS = ("defaults", "hydra")
 
 
-class ConfigWarning(UserWarning):
+class ConfigWarning(RLForgeWarning):
     """A config key was accepted but has no effect (unknown ``+key``, ignored Hydra metadata)."""
 
 
@@ -55,7 +56,8 @@ def load_config(
         job: name of an embedded job (``rlforge/config/jobs/<job>.yaml``); None = none.
 
     Returns:
-        Dataclass instances with interpolations resolved.  Not validated: call
+        Dataclass instances with interpolations resolved, carrying the keys that ``config_file`` and
+        ``overrides`` gave (:func:`rlforge.config.user_keys.user_set`).  Not validated: call
         :func:`rlforge.config.validate_config` for cross-field checks.
 
     Raises:
@@ -79,6 +81,8 @@ def load_config(
         raise ConfigError(f"cannot resolve config key '{key}': {_first_line(e)}; set {key} to a value "
                           f"({key}=...)") from None
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
+    record_user_keys(obj, (k for cleaned, source in layers if not source.startswith("job ")
+                           for k in leaf_keys(cleaned)))
     return obj
 
 

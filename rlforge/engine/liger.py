@@ -25,6 +25,8 @@ import warnings
 import torch
 from torch import nn
 
+from rlforge.errors import RLForgeWarning
+
 LIGER_OPS = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
              "fused_linear_cross_entropy": False}
 """The liger-kernel patches applied (keyword arguments of its ``apply_liger_kernel_to_<model>``)."""
@@ -50,7 +52,7 @@ def apply_liger(module: nn.Module, device: torch.device, key: str = "actor_rollo
     apply_fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type or "")
     if apply_fn is None:
         warnings.warn(f"{key}=True: liger-kernel has no kernels for model_type {model_type!r}; using the eager "
-                      "modules", stacklevel=2)
+                      "modules", category=RLForgeWarning, stacklevel=2)
         return False
     import inspect
 

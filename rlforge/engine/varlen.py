@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlforge.errors import RLForgeWarning
+
 ATTN_IMPLEMENTATION = "rlforge_varlen"
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
@@ -199,7 +201,7 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch
         reason = "this torch's varlen_attn has no window_size for the sliding window"
     if reason is not None:
         warnings.warn(f"rlforge_varlen: varlen_attn cannot run ({reason}); using a per-sequence SDPA loop",
-                      stacklevel=3)
+                      category=RLForgeWarning, stacklevel=3)
         return None
     # Under autocast, RoPE leaves q/k float32 while v is bf16; SDPA would autocast them, the custom op does not.
     return call_varlen_attn(fn, params, q.to(dtype), k.to(dtype), v.to(dtype), cu_q, cu_k, max_q, max_k, scale,

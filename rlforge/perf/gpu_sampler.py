@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlforge.errors import RLForgeWarning
+
 IDLE_UTIL_PCT = 5.0
 """A device sample with utilisation below this (percent) counts as idle."""
 
@@ -108,7 +110,7 @@ class GpuSampler:
             except Exception as e:  # a driver hiccup must not kill training
                 errors += 1
                 if errors >= self.MAX_CONSECUTIVE_ERRORS:
-                    warnings.warn(f"GPU sampling stopped after {errors} failed reads: {e}", stacklevel=1)
+                    warnings.warn(f"GPU sampling stopped after {errors} failed reads: {e}", RLForgeWarning, stacklevel=1)
                     return
             finally:
                 self._cpu_s = time.thread_time()
@@ -213,13 +215,14 @@ def nvml_reader(cuda_indices: Sequence[int]) -> ReadFn | None:
         import pynvml
     except ImportError:
         warnings.warn("GPU utilisation is not sampled: the nvidia-ml-py package is missing "
-                      "(pip install nvidia-ml-py)", stacklevel=2)
+                      "(pip install nvidia-ml-py)", category=RLForgeWarning, stacklevel=2)
         return None
     try:
         pynvml.nvmlInit()
         handles = [_nvml_handle(pynvml, i) for i in cuda_indices]
     except pynvml.NVMLError as e:
-        warnings.warn(f"GPU utilisation is not sampled: NVML failed to start ({e})", stacklevel=2)
+        warnings.warn(f"GPU utilisation is not sampled: NVML failed to start ({e})", RLForgeWarning,
+                      stacklevel=2)
         return None
 
     def power_w(h: Any) -> float:

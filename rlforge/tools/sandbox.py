@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from rlforge.errors import RLForgeWarning
 from rlforge.tools import sandbox_local as _local  # noqa: F401  (registers bwrap, nsjail)
 from rlforge.tools import sandbox_remote as _remote  # noqa: F401  (registers remote)
 from rlforge.tools.sandbox_base import (
@@ -60,7 +61,8 @@ def select_sandbox(config: dict[str, Any], tool: str = "python_executor") -> San
             reasons.append(f"{name}: {e}")
     if config.get(RISK_KEY) is True:
         warnings.warn(f"{tool}: {RISK_KEY}: true and no sandbox here ({'; '.join(reasons)}): model-written code "
-                      "runs UNSANDBOXED, with the trainer's user, files and processes in reach", stacklevel=2)
+                      "runs UNSANDBOXED, with the trainer's user, files and processes in reach", RLForgeWarning,
+                      stacklevel=2)
         return UnsandboxedSubprocess()
     raise SandboxUnavailable(
         f"{tool} will not run model-written code without a sandbox, and none is usable here ({'; '.join(reasons)}). "

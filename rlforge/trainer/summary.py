@@ -13,6 +13,7 @@ repeat the start line.  The elapsed time counts from the command's start (import
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -154,11 +155,44 @@ def launching(started: float, threads: CpuThreads | None = None) -> Iterator[Non
             os.environ.pop(THREADS_ENV, None)
 
 
+def first_validation_in(path: Path) -> tuple[int, dict[str, float]] | None:
+    """The earliest validation (``val-core/*`` metrics with its step) in a ``metrics.jsonl`` file
+    (:class:`~rlforge.tracking.FileLogger`'s; a resumed run appends to it); None when the file is
+    missing or holds none.  Unreadable lines (a crash mid-line) are skipped."""
+    first: tuple[int, dict[str, float]] | None = None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for text in lines:
+        try:
+            row = json.loads(text)
+            step = int(row["step"])
+            val = {k: float(v) for k, v in row.items() if k.startswith("val-core/")}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if val and (first is None or step < first[0]):
+            first = (step, val)
+    return first
+
+
+def run_first_validation(out_dir: Path, seen: tuple[int, dict[str, float]] | None
+                         ) -> tuple[int, dict[str, float]] | None:
+    """The run's first validation: the earliest in ``out_dir/metrics.jsonl`` (from before a resume,
+    too) where that comes before ``seen`` (the first this process logged), else ``seen``."""
+    logged = first_validation_in(out_dir / "metrics.jsonl")
+    if logged is not None and (seen is None or logged[0] < seen[0]):
+        return logged
+    return seen
+
+
 def print_summary(cfg: Any, loggers: list[str], started: float, trainer: Any) -> None:
-    """The summary lines of a finished :class:`~rlforge.trainer.ppo_trainer.PPOTrainer` run (rank 0)."""
+    """The summary lines of a finished :class:`~rlforge.trainer.ppo_trainer.PPOTrainer` run (rank 0).
+    After a resume, "before" is the run's first validation (step 0's), read from its ``metrics.jsonl``."""
     if trainer.rank != 0:
         return
     tracker = trainer.tracker
+    first = run_first_validation(Path(cfg.trainer.default_local_dir), tracker.first_validation)
     for line in end_lines(cfg, loggers, time.time() - started, trainer.global_step,
-                          tracker.first_validation, tracker.last_validation):
+                          first, tracker.last_validation):
         print(line, flush=True)

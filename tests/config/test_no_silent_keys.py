@@ -49,6 +49,7 @@ import rlforge.config
 from rlforge.config import schema, validate_config
 from rlforge.config.later_work import later_work_warnings
 from rlforge.config.root import RLForgeConfig
+from rlforge.config.user_keys import record_user_keys, user_keys
 from rlforge.errors import ConfigError
 
 ROOTS = ("",)
@@ -179,8 +180,11 @@ def get_key(cfg: Any, dotted: str) -> Any:
 
 
 def set_key(cfg: Any, dotted: str, value: Any) -> None:
+    """Set ``dotted`` on ``cfg`` as a user would (an override): the key joins the keys the user set."""
     parent, _, leaf = dotted.rpartition(".")
     setattr(get_key(cfg, parent) if parent else cfg, leaf, value)
+    if user_keys(cfg) is not None:
+        record_user_keys(cfg, user_keys(cfg) | {dotted})
 
 
 PROBES: dict[str, Any] = {
@@ -651,7 +655,7 @@ def test_multi_turn_without_tools_or_interactions_warns(extra, warned) -> None:
     key = "actor_rollout_ref.rollout.multi_turn.enable"
     cfg = rlforge.config.load_config()
     assert not [w for w in later_work_warnings(cfg) if key in w]  # off by default: silent
-    cfg.actor_rollout_ref.rollout.multi_turn = {"enable": True, **extra}
+    set_key(cfg, "actor_rollout_ref.rollout.multi_turn", {"enable": True, **extra})
     hits = [w for w in later_work_warnings(cfg) if key in w]
     assert bool(hits) is warned, hits
     if warned:

@@ -10,6 +10,8 @@ controls show the comparisons can fail.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from helpers import left_padded_batch
@@ -213,6 +215,9 @@ def test_trainer_falls_back_where_the_head_is_not_readable(tiny_tokenizer):
     model.config.model_type = "gemma2"
     with pytest.warns(UserWarning, match="gemma2"):
         assert head_chunk_size(True, cfg, model, LocalEngine, key) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the user set no use_fused_kernels key: the fallback is silent
+        assert head_chunk_size(True, cfg, model, FSDP1Engine, None) == 0
 
 
 def test_log_z_is_not_a_view(tiny_tokenizer, batch):

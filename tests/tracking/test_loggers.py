@@ -133,3 +133,20 @@ def test_non_finite_values_reach_tensorboard(tmp_path: Path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert math.isnan(acc.Scalars("x")[0].value)
+
+
+def test_console_line_shows_tool_and_judge_metrics() -> None:
+    import io
+
+    from rlforge.tracking.console import ConsoleLogger
+
+    out = io.StringIO()
+    ConsoleLogger(out).log({
+        "critic/score/mean": 0.5, "reward/model_score/mean": 0.75, "reward/judge_parse_failure_rate": 0.125,
+        "multi_turn/tool_calls/mean": 1.5, "multi_turn/truncated_ratio": 0.25,
+        "multi_turn/tool/calculator/calls": 6.0, "multi_turn/tool/calculator/error": 2.0,
+        "multi_turn/tool/calculator/timeout": 0.0, "multi_turn/tool/calculator/success": 4.0,
+    }, step=3)
+    assert out.getvalue() == (
+        "step 3 | critic/score/mean: 0.5 | reward/model_score/mean: 0.75 | reward/judge_parse_failure_rate: 0.125 | "
+        "multi_turn/tool_calls/mean: 1.5 | multi_turn/tool/calculator/error: 2 | multi_turn/truncated_ratio: 0.25\n")

@@ -88,3 +88,48 @@ def test_summary_of_a_lora_save_names_the_adapter_and_the_merge_command(tmp_path
     _, where = end_lines(cfg, ["file"], 1.0, 2, None, None)
     assert where.endswith(f"model {step} (peft adapter folder: {hf}; `rlforge export {step} --out DIR --merge` "
                           "writes the merged model as a Hugging Face folder)")
+
+
+def _resumed_trainer(tmp_path, rows: list[tuple[int, dict[str, float]]], seen: tuple[int, dict[str, float]]):
+    """A finished trainer of a run resumed at ``seen``'s step; ``rows`` were logged (to
+    ``metrics.jsonl``) before the resume, ``seen`` and step 5 after it."""
+    from types import SimpleNamespace
+
+    from rlforge.tracking import FileLogger
+
+    log = FileLogger(tmp_path)
+    for step, metrics in [*rows, seen, (5, {VAL: 0.5})]:
+        log.log(metrics, step)
+    log.close()
+    tracker = SimpleNamespace(first_validation=seen, last_validation=(5, {VAL: 0.5}))
+    return SimpleNamespace(rank=0, global_step=5, tracker=tracker)
+
+
+def test_summary_after_a_resume_compares_with_step_0_of_the_run(tmp_path, capsys):
+    from rlforge.trainer.summary import print_summary
+
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}"], job=None)
+    rows = [(0, {VAL: 0.125}), (1, {"critic/score/mean": 0.2}), (2, {VAL: 0.25, "critic/score/mean": 0.3})]
+    print_summary(cfg, ["file"], 0.0, _resumed_trainer(tmp_path, rows, (3, {VAL: 0.375})))
+    done = capsys.readouterr().out.splitlines()[0]
+    assert done.endswith(f"| {VAL} 0.125 (step 0) -> 0.5 (step 5)"), done
+
+
+def test_summary_after_a_resume_of_a_run_without_step_0_validation(tmp_path, capsys):
+    from rlforge.trainer.summary import first_validation_in, print_summary
+
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}"], job=None)
+    rows = [(1, {VAL: 0.0625, "critic/score/mean": 0.1}), (2, {"critic/score/mean": 0.3})]
+    print_summary(cfg, ["file"], 0.0, _resumed_trainer(tmp_path, rows, (3, {VAL: 0.375})))
+    assert capsys.readouterr().out.splitlines()[0].endswith(f"| {VAL} 0.0625 (step 1) -> 0.5 (step 5)")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 0, "val-core/x": 0.5')  # a line cut by a crash is skipped
+    assert first_validation_in(tmp_path / "metrics.jsonl") == (1, {VAL: 0.0625})
+    assert first_validation_in(tmp_path / "missing.jsonl") is None
+
+
+def test_summary_of_a_fresh_run_without_a_metrics_file(tmp_path, capsys):
+    from rlforge.trainer.summary import run_first_validation
+
+    assert run_first_validation(tmp_path, (0, {VAL: 0.125})) == (0, {VAL: 0.125})
+    assert run_first_validation(tmp_path, None) is None

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
+from rlforge.config.user_keys import user_set
 from rlforge.engine import ENGINES, TrainEngine
 from rlforge.engine.varlen import ATTN_IMPLEMENTATION, attn_implementation
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeWarning
 from rlforge.roles.fused_head import fused_head_unsupported, set_impl_backend
 
 
@@ -63,20 +64,38 @@ def make_engine(name: str, module: torch.nn.Module, device: torch.device, *, fsd
     )
 
 
+_MODEL_FUSED = "actor_rollout_ref.model.use_fused_kernels"
+
+
+def fused_kernels_key(cfg: Any, own_key: str) -> str | None:
+    """The ``use_fused_kernels`` key that the user set for a role
+    (:func:`~rlforge.config.user_keys.user_set`): ``own_key`` (e.g.
+    ``actor_rollout_ref.actor.use_fused_kernels``), else ``actor_rollout_ref.model.use_fused_kernels``,
+    which it follows by default; None when the user set neither (true is then rlforge's default,
+    and falling back to the full logits needs no warning)."""
+    for key in dict.fromkeys((own_key, _MODEL_FUSED)):
+        if user_set(cfg, key):
+            return key
+    return None
+
+
 def head_chunk_size(use_fused_kernels: bool, model_cfg: Any, module: torch.nn.Module, engine: TrainEngine,
-                    key: str) -> int:
+                    key: str | None) -> int:
     """Positions per chunk of the chunked LM-head log-probs (``model.fused_kernel_options.chunk_size``)
     when ``use_fused_kernels`` (config key ``key``), the engine can read the head's weight after
     forward and the model's logits are exactly ``lm_head(hidden)``; else 0 (the model's full
-    logits), with a warning when the engine or the model is the reason."""
+    logits), with a warning naming ``key`` when the engine or the model is the reason (none when
+    ``key`` is None: the user set no such key, :func:`fused_kernels_key`)."""
     if not use_fused_kernels:
         return 0
     reason = fused_head_unsupported(module)
     if reason is None and not engine.head_readable_after_forward:
         reason = (f"the {type(engine).__name__} re-shards or splits the LM head after forward "
                   "(use actor_rollout_ref.actor.strategy=fsdp2 for the chunked head)")
+    if reason is not None and key is None:
+        return 0
     if reason is not None:
-        warnings.warn(f"{key}=true but {reason}; using the model's full logits", stacklevel=2)
+        warnings.warn(f"{key}=true but {reason}; using the model's full logits", category=RLForgeWarning, stacklevel=2)
         return 0
     set_impl_backend(model_cfg.fused_kernel_options.impl_backend)
     return int(model_cfg.fused_kernel_options.chunk_size)
@@ -97,6 +116,6 @@ def prefix_grouper(module: torch.nn.Module, packed: bool, choice: bool | None, n
             return False
         warnings.warn(f"actor_rollout_ref.actor.use_prefix_grouper=True needs the {ATTN_IMPLEMENTATION!r} attention, "
                       f"the model has {impl!r} (it is chosen on CUDA, or by actor_rollout_ref.model.override_config."
-                      f"attn_implementation={ATTN_IMPLEMENTATION}); ignored", stacklevel=2)
+                      f"attn_implementation={ATTN_IMPLEMENTATION}); ignored", category=RLForgeWarning, stacklevel=2)
         return False
     return True

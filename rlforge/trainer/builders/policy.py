@@ -19,6 +19,7 @@ from rlforge.roles.actor import Actor
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import (
     engine_name,
+    fused_kernels_key,
     head_chunk_size,
     make_engine,
     packs,
@@ -111,7 +112,8 @@ def build_policy(ctx: BuildContext, lm: PolicyLM) -> Policy:
     actor = Actor(engine, arr.actor, ctx.sizes["actor_mini"], ctx.sizes["actor_micro"], ctx.sizes["log_prob_micro"],
                   max_token_len=ctx.budgets["actor"], log_prob_max_token_len=ctx.budgets["log_prob"],
                   remove_padding=bool(arr.model.use_remove_padding) and engine.packed_forward,
-                  head_chunk_size=head_chunk_size(arr.actor.use_fused_kernels, arr.model, module, engine,
-                                                  "actor_rollout_ref.actor.use_fused_kernels"),
+                  head_chunk_size=head_chunk_size(
+                      arr.actor.use_fused_kernels, arr.model, module, engine,
+                      fused_kernels_key(ctx.cfg, "actor_rollout_ref.actor.use_fused_kernels")),
                   rollout_correction=ctx.cfg.algorithm.rollout_correction)
     return Policy(actor, module, rollout_copy, rollout_model, extras.lm_prefix, lora)

@@ -11,7 +11,7 @@ from rlforge.config.validate import uses_ref
 from rlforge.engine.adapter_off import AdapterOffEngine
 from rlforge.roles.actor import Actor, LogProbModel
 from rlforge.trainer.builders.context import BuildContext
-from rlforge.trainer.builders.engines import engine_name, head_chunk_size, make_engine
+from rlforge.trainer.builders.engines import engine_name, fused_kernels_key, head_chunk_size, make_engine
 from rlforge.trainer.builders.policy import PolicyLM
 
 
@@ -31,7 +31,7 @@ def build_reference(ctx: BuildContext, lm: PolicyLM) -> LogProbModel | None:
     return LogProbModel(engine, ctx.sizes["ref_micro"], ctx.budgets["ref"],
                         bool(arr.model.use_remove_padding) and engine.packed_forward,
                         head_chunk_size(arr.model.use_fused_kernels, arr.model, module, engine,
-                                        "actor_rollout_ref.model.use_fused_kernels"))
+                                        fused_kernels_key(cfg, "actor_rollout_ref.model.use_fused_kernels")))
 
 
 def adapter_off_reference(ctx: BuildContext, actor: Actor) -> LogProbModel | None:
