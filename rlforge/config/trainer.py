@@ -42,7 +42,11 @@ class TrainerConfig:
     esi_redundant_time: int = 0
     """Seconds reserved before an expected preemption to save a last checkpoint."""
     resume_mode: str = "auto"
-    """``auto`` (latest in ``default_local_dir`` if any) | ``disable`` | ``resume_path`` (use ``resume_from_path``)."""
+    """``auto`` (latest in ``default_local_dir`` if any) | ``disable`` (start over; in a folder holding an
+    earlier run's output, in a new sub-folder ``run-<N>`` of it, leaving that output as it is) | ``resume_path``
+    (use ``resume_from_path``).  A run whose config differs from the one saved in its folder on the keys that make
+    it another run (the model, the data, the batch's shape: :mod:`rlforge.trainer.run_folder`) stops with one error
+    unless it is ``disable``."""
     resume_from_path: str | None = None
     """Checkpoint folder for ``resume_mode=resume_path``; None = unset."""
     resume_fallback: bool = False
@@ -66,7 +70,8 @@ class TrainerConfig:
     del_local_ckpt_after_load: bool = False
     """Delete the local checkpoint after resuming from it."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Checkpoint directory."""
+    """The run folder: checkpoints, ``metrics.jsonl``, traces and ``run_config.yaml`` (the config of the run it
+    holds; one run per folder, see ``resume_mode``)."""
     max_actor_ckpt_to_keep: int | None = None
     """Keep at most this many actor checkpoints; None = all."""
     max_critic_ckpt_to_keep: int | None = None

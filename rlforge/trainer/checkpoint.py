@@ -149,7 +149,7 @@ def find_resume_path(resume_mode: str, default_local_dir: str | Path, resume_fro
         raise ConfigError(
             f"{tracker} points to {p.name}, which is not a complete checkpoint. Fix or delete the tracker file, "
             "set trainer.resume_mode=resume_path with trainer.resume_from_path=<a global_step_N folder>, or "
-            "trainer.resume_mode=disable to start over (existing checkpoints may then be overwritten)"
+            "trainer.resume_mode=disable to start over in a fresh sub-folder (the existing files are left as they are)"
         )
     return p
 

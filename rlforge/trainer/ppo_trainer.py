@@ -72,6 +72,7 @@ from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
 from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
 from rlforge.trainer.reward_components import gdpo_metrics, reward_components
+from rlforge.trainer.run_folder import check_run_folder, record_config
 from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.validation import validate
@@ -117,6 +118,7 @@ class PPOTrainer:
         check_loggers(loggers)  # a missing logger package fails before the model loads
         self.lock = _take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
         try:
+            self._settle_folder()  # another run's output in the folder: stop, or a fresh sub-folder (disable)
             self._setup(loggers)
         except BaseException:
             self._release_lock()
@@ -133,10 +135,12 @@ class PPOTrainer:
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
         self.global_step = 0
-        # rank 0's folder (a run-<id> sub-folder with trainer.on_existing_run=append); recorded in config.yaml
+        # rank 0's folder (a run-<id> sub-folder: on_existing_run=append, or resume_mode=disable); recorded in config.yaml
         self.out_dir = self._rank0(str(self.lock.folder) if self.lock is not None else cfg.trainer.default_local_dir)
         cfg.trainer.default_local_dir = self.out_dir
         self._resume()
+        if self.rank == 0:
+            record_config(self.out_dir, format_config(cfg))  # which run this folder holds (rlforge.trainer.run_folder)
         if self.global_step == 0 and self.rank == 0:
             rotate_metrics_file(Path(self.out_dir))
         self.stage_memory = StageMemory()
@@ -148,6 +152,18 @@ class PPOTrainer:
     def _rank0(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (``value`` itself in one process)."""
         return spmd.gather_objects(value)[0] if self.world_size > 1 else value
+
+    def _settle_folder(self) -> None:
+        """Rank 0: check the run folder against the run it already holds
+        (:func:`rlforge.trainer.run_folder.check_run_folder`); when the run moves to a fresh
+        sub-folder (``resume_mode=disable``), its lock moves with it."""
+        if self.lock is None:
+            return
+        folder = check_run_folder(self.lock.folder, format_config(self.cfg), str(self.cfg.trainer.resume_mode))
+        if folder != self.lock.folder:
+            moved = acquire_run_lock(folder, "error")
+            self.lock.release()
+            self.lock = moved
 
     def _release_lock(self) -> None:
         if self.lock is not None:

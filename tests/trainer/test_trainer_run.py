@@ -9,6 +9,7 @@ import pytest
 from helpers import FAST, SMALL
 
 from rlforge.cli import main
+from rlforge.perf.run_data import load_run
 
 pytestmark = pytest.mark.e2e
 
@@ -127,10 +128,24 @@ def test_save_and_resume_reproduces_uninterrupted_run(tmp_path):
     assert a[2]["actor/pg_loss"] != a[1]["actor/pg_loss"] or a[2]["actor/entropy"] != a[1]["actor/entropy"]
 
 
-def test_resume_mode_disable_starts_fresh(tmp_path):
-    run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.save_freq=1")
-    rows = run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.resume_mode=disable")
-    # a fresh run starts a new metrics.jsonl and keeps the earlier one as metrics.1.jsonl
-    assert [r["step"] for r in rows] == [1]
-    kept = [json.loads(x) for x in (tmp_path / "metrics.1.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in kept] == [1]
+def test_another_run_in_the_folder_stops_and_disable_starts_over_in_a_sub_folder(tmp_path, capsys):
+    first = run(tmp_path, *FAST, "trainer.total_training_steps=1", "trainer.save_freq=1")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    # another run (other response length) started in the same folder: one error, before anything is built
+    capsys.readouterr()
+    rc = main(["train", *SMALL, f"trainer.default_local_dir={tmp_path}", *FAST, "trainer.total_training_steps=1",
+               "data.max_response_length=4"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
+    assert rc == 2 and len(err) == 1 and "data.max_response_length: 8 -> 4" in err[0], err
+    assert "trainer.experiment_name=" in err[0] and "trainer.resume_mode=disable" in err[0], err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # resume_mode=disable: a fresh sub-folder; the earlier run's files stay as they were
+    assert main(["train", *SMALL, f"trainer.default_local_dir={tmp_path}", *FAST, "trainer.total_training_steps=1",
+                 "trainer.save_freq=1", "trainer.resume_mode=disable"]) == 0
+    assert f"this run starts over in {tmp_path / 'run-1'}" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "run-1" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and (tmp_path / "run-1" / "global_step_1" / "config.yaml").is_file()
+    assert {p: p.read_bytes() for p in before} == before and not list(tmp_path.glob("metrics.*.jsonl"))
+    # `rlforge perf report` on the folder reads the first run alone
+    (report,) = load_run(tmp_path).rows
+    assert report["step"] == 1 and report["timing_s/step"] == first[0]["timing_s/step"] != rows[0]["timing_s/step"]
