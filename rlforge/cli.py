@@ -1,7 +1,7 @@
 """``rlforge`` command line: thin parsing and dispatch.
 
     rlforge train [--config FILE] [--job NAME|none] [--print-config] [--verbose] [key=value | --key=value ...]
-    rlforge data gsm8k --src DIR --out DIR
+    rlforge data gsm8k [--src DIR] [--out DIR]
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
     rlforge export CHECKPOINT --out HF_DIR [--dtype D] [--model-path P] [--tokenizer-path P]
@@ -136,9 +136,15 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
     d = sub.add_parser("data", help="prepare datasets")
     dsub = d.add_subparsers(dest="dataset", required=True)
-    g = dsub.add_parser("gsm8k", help="convert the official GSM8K jsonl files to verl-format parquet")
-    g.add_argument("--src", required=True, help="folder with train.jsonl and test.jsonl")
-    g.add_argument("--out", required=True, help="output folder for train.parquet and test.parquet")
+    g = dsub.add_parser("gsm8k", help="GSM8K as verl-format parquet (fetched with `datasets`, or from --src)",
+                        description="Write GSM8K's train.parquet and test.parquet in verl's row format, as verl's "
+                        "examples/data_preprocess/gsm8k.py does. Without --src, openai/gsm8k is fetched through "
+                        "the `datasets` package (pip install datasets).")
+    g.add_argument("--src", "--local_dataset_path", dest="src", default=None,
+                   help="a local copy instead of the Hub: a folder with the official train.jsonl and test.jsonl, "
+                   "their parquet, or a `datasets` save")
+    g.add_argument("--out", "--local_save_dir", dest="out", default="~/data/gsm8k",
+                   help="output folder for train.parquet and test.parquet (default: ~/data/gsm8k, as verl)")
     pf = sub.add_parser("perf", help="performance tools")
     psub = pf.add_subparsers(dest="perf_command", required=True)
     r = psub.add_parser("report", help="stage times, GPU utilisation and training curves of a run",
@@ -198,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             counts = convert_gsm8k(args.src, args.out)
             for split, n in counts.items():
-                print(f"wrote {n} rows to {os.path.join(args.out, split + '.parquet')}")
+                print(f"wrote {n} rows to {os.path.join(os.path.expanduser(args.out), split + '.parquet')}")
             return 0
         if args.command == "perf" and args.perf_command == "trace":
             from rlforge.perf.torch_trace import render_markdown, summarize

@@ -5,7 +5,7 @@ Public API:
     RLDataset(rows, tokenizer, max_prompt_length, truncation, filter_overlong_prompts, prompt_key, ...)
     PromptLoader(dataset, batch_size, shuffle, seed, drop_last) -> iterates Batch
     collate_prompts(items, pad_token_id) -> Batch
-    convert_gsm8k(src_dir, out_dir) -> {split: rows}
+    convert_gsm8k(src_dir | None, out_dir) -> {split: rows}  (None: from the Hub through `datasets`)
     BUILTIN_TASKS: Registry of built-in generated tasks (``builtin:arithmetic``)
 """
 

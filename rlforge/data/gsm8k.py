@@ -1,8 +1,10 @@
-"""Convert the official GSM8K files to verl's parquet format.
+"""Convert GSM8K (from the Hub or a local copy) to verl's parquet format.
 
-Source: verl's ``examples/data_preprocess/gsm8k.py``.  Input: ``train.jsonl`` and
-``test.jsonl`` from https://github.com/openai/grade-school-math, one
-``{"question": str, "answer": str}`` object per line, the answer ending in ``#### <number>``.
+Source: verl's ``examples/data_preprocess/gsm8k.py``.  Input: GSM8K's records,
+``{"question": str, "answer": str}``, the answer ending in ``#### <number>``: fetched from the Hub
+(``openai/gsm8k``, ``main``) through ``datasets``, or read from a local copy such as the official
+``train.jsonl``/``test.jsonl`` of https://github.com/openai/grade-school-math
+(:mod:`rlforge.data.gsm8k_source`).
 Output: ``train.parquet`` and ``test.parquet`` with the rows verl writes:
 
 * ``data_source``: ``"openai/gsm8k"``
@@ -20,12 +22,11 @@ import os
 import re
 from typing import Any
 
-from rlforge.data.readers import read_file
+from rlforge.data.gsm8k_source import fetch_hub, read_local
 from rlforge.errors import DataError
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-SPLITS = ("train", "test")
 _ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
@@ -56,33 +57,29 @@ def convert_row(raw: dict[str, Any], split: str, index: int, origin: str) -> dic
     }
 
 
-def convert_gsm8k(src_dir: str, out_dir: str) -> dict[str, int]:
-    """Write ``out_dir/{train,test}.parquet`` from ``src_dir/{train,test}.jsonl``.
+def convert_gsm8k(src_dir: str | None, out_dir: str) -> dict[str, int]:
+    """Write ``out_dir/{train,test}.parquet`` from GSM8K: the folder ``src_dir``, or the Hub when ``None``.
+
+    ``src_dir`` holds the official ``train.jsonl``/``test.jsonl`` or a parquet/``datasets`` copy;
+    ``None`` fetches ``openai/gsm8k`` through ``datasets`` (:mod:`rlforge.data.gsm8k_source`).  Both give
+    the same rows.  Nothing is written unless every record converts.
 
     Returns:
         rows written per split, e.g. ``{"train": 7473, "test": 1319}``.
 
     Raises:
-        DataError: if a source file is missing or a record is malformed (names file and row).
+        DataError: if the source is missing or unreachable, a record is malformed (names file and row),
+            or ``out_dir`` cannot be written.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    src_dir, out_dir = os.path.expanduser(src_dir), os.path.expanduser(out_dir)
-    sources = {split: os.path.join(src_dir, f"{split}.jsonl") for split in SPLITS}
-    missing = [p for p in sources.values() if not os.path.isfile(p)]
-    if missing:
-        raise DataError(
-            f"GSM8K source file(s) not found: {', '.join(missing)}; --src must hold the official "
-            "train.jsonl and test.jsonl (github.com/openai/grade-school-math, grade_school_math/data)"
-        )
+    records = fetch_hub() if src_dir is None else read_local(src_dir)
     converted = {
-        split: [convert_row(raw, split, i, f"{path} row {i}") for i, raw in enumerate(read_file(path))]
-        for split, path in sources.items()
+        split: [convert_row(raw, split, i, origin) for i, (raw, origin) in enumerate(rows)]
+        for split, rows in records.items()
     }
-    empty = [sources[split] for split, rows in converted.items() if not rows]
-    if empty:
-        raise DataError(f"GSM8K source file(s) have no rows: {', '.join(empty)}")
+    out_dir = os.path.expanduser(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         counts: dict[str, int] = {}

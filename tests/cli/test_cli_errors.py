@@ -169,3 +169,26 @@ def test_data_gsm8k_writes_both_splits(tmp_path):
 def test_data_gsm8k_missing_src(tmp_path, capfd):
     missing = str(tmp_path / "nowhere")
     user_error(in_process(capfd, "data", "gsm8k", "--src", missing, "--out", str(tmp_path / "out")), missing)
+
+
+def test_data_gsm8k_without_src_needs_datasets(tmp_path, capfd, monkeypatch):
+    """No --src and no `datasets` installed: one line naming the install and --src."""
+    monkeypatch.setitem(sys.modules, "datasets", None)  # importlib's find_spec -> None: not installed
+    user_error(in_process(capfd, "data", "gsm8k", "--out", str(tmp_path / "out")), "pip install datasets", "--src")
+
+
+def test_data_gsm8k_without_src_offline(tmp_path, capfd, monkeypatch):
+    """No --src, offline (datasets raises ConnectionError, as datasets 5 does with HF_HUB_OFFLINE=1 and no cache):
+    one line saying so and naming --src."""
+    import importlib.machinery
+    import types
+
+    def load_dataset(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled)")
+
+    fake = types.ModuleType("datasets")
+    fake.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    user_error(in_process(capfd, "data", "gsm8k", "--out", str(tmp_path / "out")), "offline", "--src DIR")
+    assert not (tmp_path / "out").exists()
