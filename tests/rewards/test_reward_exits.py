@@ -102,10 +102,14 @@ def test_real_ctrl_c_is_still_ctrl_c(smol_tokenizer) -> None:
 
     mgr = RewardManager(smol_tokenizer)
     mgr.fn = fn
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        mgr.score(_batch(smol_tokenizer))
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own Ctrl-C handler, as in `rlforge train`: a pytest worker may have inherited another one
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mgr.score(_batch(smol_tokenizer))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, original)
 
 
 # ---------------------------------------------------------------- batch functions returning arrays
