@@ -608,7 +608,10 @@ def _verl_default(cfg: Any, key: str) -> bool:
     """Whether ``key`` holds its schema default (verl's), a plain value rather than one that follows
     another key: a row that matters then reports rlforge's choice, which changes what verl would do
     (``rollout.name=vllm``: the native engine runs)."""
-    default = get_key(_schema_defaults(), key)
+    try:
+        default = get_key(_schema_defaults(), key)
+    except (KeyError, AttributeError):  # a sub-key of a free-form field: no schema default
+        return False
     return not (isinstance(default, str) and "${" in default) and get_key(cfg, key) == default
 
 

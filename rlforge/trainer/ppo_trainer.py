@@ -331,6 +331,24 @@ class PPOTrainer:
         )
         return m
 
+    def _old_log_probs(self, batch: Batch, m: dict[str, float], bypass: bool, on_policy: bool) -> None:
+        """``old_log_probs`` (and ``sum_pi_squared`` where asked): the rollout's under verl's bypass
+        mode (no forward), none when on-policy (the update's forward gives them), else the
+        ``old_log_prob`` stage's forward."""
+        if bypass:
+            batch["old_log_probs"] = self._rollout_log_probs(batch)
+            return
+        if on_policy:
+            return
+        arr = self.cfg.actor_rollout_ref
+        with self._stage("old_log_prob", m):
+            out = self.job.actor.compute_log_prob(batch, float(arr.rollout.temperature), with_entropy=True,
+                                                  with_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
+            batch["old_log_probs"] = out["log_probs"]
+            if "sum_pi_squared" in out:
+                batch["sum_pi_squared"] = out["sum_pi_squared"]
+            m.update(self._old_log_prob_metrics(batch, out))
+
     def step(self) -> dict[str, float]:
         """One RL step on the next batch of prompts; returns its metrics."""
         cfg, job = self.cfg, self.job
@@ -344,16 +362,7 @@ class PPOTrainer:
             updates_actor = self.global_step > cfg.trainer.critic_warmup
             on_policy = self.skip_old_log_prob and updates_actor
             bypass = bool(cfg.algorithm.rollout_correction.bypass_mode)
-            if bypass:  # verl's bypass mode: the rollout's log-probs are the old ones (no forward)
-                batch["old_log_probs"] = self._rollout_log_probs(batch)
-            elif not on_policy:
-                with self._stage("old_log_prob", m):
-                    out = job.actor.compute_log_prob(batch, temperature, with_entropy=True,
-                                                     with_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
-                    batch["old_log_probs"] = out["log_probs"]
-                    if "sum_pi_squared" in out:
-                        batch["sum_pi_squared"] = out["sum_pi_squared"]
-                    m.update(self._old_log_prob_metrics(batch, out))
+            self._old_log_probs(batch, m, bypass, on_policy)
             if job.reference is not None:
                 with self._stage("ref", m):
                     batch["ref_log_prob"] = job.reference.compute_log_prob(batch, temperature)["log_probs"]
@@ -510,8 +519,8 @@ class PPOTrainer:
         off-policy metrics (as verl)."""
         rc = self.cfg.algorithm.rollout_correction
         on = rc.rollout_is is not None or rc.rollout_rs is not None
-        if not on and "rollout_log_probs" not in batch:
-            return
+        if not on and ("rollout_log_probs" not in batch or "old_log_probs" not in batch):
+            return  # diagnostics only, and no old log-probs to compare with (on-policy: the stage was skipped)
         mask = batch["response_mask"]
         corr = compute_rollout_correction(batch["old_log_probs"], self._rollout_log_probs(batch), mask, rc,
                                           sum_over_ranks=self._sum_over_ranks)

@@ -306,6 +306,9 @@ def free_form_not_reported(cfg: Any, keys: dict[str, Any]) -> list[str]:
         old = copy.deepcopy(get_key(cfg, head))
         parent, leaf = _get_free(cfg, key)
         parent[leaf] = keys[key]
+        given = user_keys(cfg)
+        if given is not None:  # set as a user would: the key joins the keys the user set
+            record_user_keys(cfg, given | {key})
         try:
             new = [w for w in later_work_warnings(cfg) if w not in base]
             named = [w for w in new if key in w or (f"{head}=" in w and leaf in w)]
@@ -313,6 +316,8 @@ def free_form_not_reported(cfg: Any, keys: dict[str, Any]) -> list[str]:
                 silent.append(key)
         finally:
             set_key(cfg, head, old)
+            if given is not None:
+                record_user_keys(cfg, given)
     return silent
 
 
