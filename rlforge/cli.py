@@ -1,13 +1,16 @@
 """``rlforge`` command line: thin parsing and dispatch.
 
-    rlforge train [--config FILE] [--job NAME|none] [--print-config] [--verbose] [key=value | --key=value ...]
+    rlforge train [--config-path DIR --config-name NAME] [--config FILE] [--job NAME|none] [--print-config]
+                  [--verbose] [key=value | --key=value | +key=value | ++key=value | ~key ...]
     rlforge data gsm8k [--src DIR] [--out DIR]
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
     rlforge export CHECKPOINT --out HF_DIR [--dtype D] [--model-path P] [--tokenizer-path P]
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
-(``default`` unless ``--job``) <- ``--config FILE`` <- overrides.  An override may also be
+(``default`` unless ``--job``, or none with ``--config-path/--config-name``) <- Hydra's
+``--config-path DIR --config-name NAME`` (verl's ``ppo_trainer``/``ppo_megatron_trainer`` built in;
+:mod:`rlforge.config.hydra_compose`) <- ``--config FILE`` <- overrides.  An override may also be
 written as a flag, as verl's tuning guide does (``--a.b=value``, ``--a.b value``:
 :mod:`rlforge.cli_args`).  A user mistake prints one ``rlforge: error: ...`` line and exits
 with status 2.  A run prints one start line and, at the end, a summary
@@ -90,13 +93,15 @@ def _milliseconds(value: str) -> float:
 
 
 def run_train(overrides: Sequence[str], config_file: str | None, job: str | None, print_config: bool,
-              started: float | None = None) -> int:
+              started: float | None = None, config_path: str | None = None, config_name: str | None = None) -> int:
     """Load, validate and run (or print) a training job; returns the exit status.  ``started``
-    (``time.time()`` at the command's start; default now) starts the summary's elapsed time."""
+    (``time.time()`` at the command's start; default now) starts the summary's elapsed time;
+    ``config_path``/``config_name`` are Hydra's flags (:func:`rlforge.config.load_config`)."""
     from rlforge.config import effective_loggers, format_config, load_config, validate_config
     from rlforge.console_warnings import show_config_warnings
 
-    cfg = load_config(list(overrides), config_file=config_file, job=job)
+    cfg = load_config(list(overrides), config_file=config_file, job=job, config_path=config_path,
+                      config_name=config_name)
     show_config_warnings(validate_config(cfg))  # once, by the user's process
     if print_config:
         _print(format_config(cfg))
@@ -108,7 +113,9 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
 
     threads = apply_cpu_threads(cfg)  # a CPU run: torch's threads from the cores it may use
     started = announce_start(cfg, time.time() if started is None else started, threads)
-    argv = ["--job", job or "none", *(["--config", config_file] if config_file else []), *overrides]
+    hydra = [*(["--config-path", config_path] if config_path is not None else []),
+             *(["--config-name", config_name] if config_name is not None else [])]
+    argv = ["--job", job or "none", *hydra, *(["--config", config_file] if config_file else []), *overrides]
     with launching(started, threads):
         launched = maybe_launch(cfg, argv)
     if launched is not None:
@@ -127,9 +134,15 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run an RL training job", description="Run an RL training job. "
                        "Overrides use verl's keys: a.b.c=value (or --a.b.c=value, --a.b.c value), +a.b=value, "
-                       "trainer.logger=[console,file].")
+                       "++a.b=value, ~a.b (back to the default), trainer.logger=[console,file].")
+    t.add_argument("--config-path", "-cp", dest="config_path", default=None, metavar="DIR",
+                   help="Hydra's config folder (from the current directory); verl's `config` is built in")
+    t.add_argument("--config-name", "-cn", dest="config_name", default=None, metavar="NAME",
+                   help="Hydra config in --config-path (its defaults: list resolved); built in: verl's "
+                   "ppo_trainer, ppo_megatron_trainer")
     t.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
-    t.add_argument("--job", default="default", help="embedded job to start from ('none' = verl defaults only)")
+    t.add_argument("--job", default=None, help="embedded job to start from ('none' = verl defaults only; "
+                   "default: 'default', or none with --config-path/--config-name)")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--verbose", action="store_true", help="also show other libraries' warnings (torch, "
                    "transformers, peft: once each) and the profiler's log lines")
@@ -168,7 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlforge`` console script."""
-    from rlforge.cli_args import UsageError, article_overrides, unknown_flag_message
+    from rlforge.cli_args import UsageError, article_overrides, is_override, unknown_flag_message
 
     started = time.time()
     parser = _build_parser()
@@ -178,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = ["train", *article_overrides(argv[1:])]
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-        if args.command == "train" and extra and not all("=" in x and not x.startswith("-") for x in extra):
+        if args.command == "train" and extra and not all(is_override(x) for x in extra):
             raise UsageError(unknown_flag_message(extra))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
@@ -197,8 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_libraries()
     try:
         if args.command == "train":
-            job = None if args.job in ("none", "") else args.job
-            return run_train(args.overrides, args.config_file, job, args.print_config, started)
+            hydra = args.config_path is not None or args.config_name is not None
+            job = args.job if args.job is not None else (None if hydra else "default")
+            job = None if job in ("none", "") else job
+            return run_train(args.overrides, args.config_file, job, args.print_config, started,
+                             args.config_path, args.config_name)
         if args.command == "data":
             from rlforge.data import convert_gsm8k
 

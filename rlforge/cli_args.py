@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from rlforge.errors import RLForgeError
 
-TRAIN_FLAGS = ("--config", "--job", "--print-config", "--verbose", "--help", "-h")
+TRAIN_FLAGS = ("--config", "--job", "--print-config", "--config-path", "--config-name", "--verbose", "--help", "-h")
 """``rlforge train``'s own flags, as the error for an unknown flag lists them."""
 
-_FLAGS_WITH_VALUE = ("--config", "--job")
+_FLAGS_WITH_VALUE = ("--config", "--job", "--config-path", "--config-name", "-cp", "-cn")
 
 
 class UsageError(RLForgeError):
@@ -67,8 +67,14 @@ def article_overrides(tokens: Sequence[str]) -> list[str]:
     return out
 
 
+def is_override(token: str) -> bool:
+    """Whether ``token`` is a config override: ``key=value``, ``+key=value``, ``++key=value``,
+    ``~key`` or ``~key=value`` (not a flag)."""
+    return not token.startswith("-") and ("=" in token or token.startswith("~"))
+
+
 def unknown_flag_message(extra: Sequence[str]) -> str:
     """The one-line error for arguments of ``rlforge train`` that argparse did not take."""
-    bad = next((x for x in extra if x.startswith("-") or "=" not in x), extra[0])
-    return (f"unrecognized argument {bad!r}; rlforge train takes {', '.join(TRAIN_FLAGS[:3])} and config "
-            "overrides key=value or --key=value (e.g. trainer.total_training_steps=2)")
+    bad = next((x for x in extra if not is_override(x)), extra[0])
+    return (f"unrecognized argument {bad!r}; rlforge train takes {', '.join(TRAIN_FLAGS[:5])} and config "
+            "overrides key=value or --key=value, +key=value, ~key (e.g. trainer.total_training_steps=2)")

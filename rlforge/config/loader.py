@@ -1,89 +1,145 @@
-"""Build an :class:`RLForgeConfig` from layers: schema defaults <- job <- ``--config`` file <- overrides.
+"""Build an :class:`RLForgeConfig` from layers: schema defaults <- job <- Hydra config
+(``--config-path/--config-name``) <- ``--config`` file <- overrides.
 
-Override grammar (the subset of Hydra's that verl command lines use):
+Override grammar (Hydra's, as verl command lines use it; https://hydra.cc/docs/advanced/override_grammar/basic/):
 
 * ``a.b.c=value``  set an existing key; an unknown key raises :class:`ConfigError` with the
   closest valid key.  Keys below free-form dict fields (``override_config``, ``engine_kwargs``,
   ...) are always accepted.
-* ``+a.b=value`` / ``++a.b=value``  add a key: kept inside free-form fields, a plain set on an
-  existing key, and ignored with a :class:`ConfigWarning` when the key is not in the schema.
-* ``~a.b``  deleting keys is not supported (raises).
+* ``+a.b=value`` (add) / ``++a.b=value`` (set or add): kept inside free-form fields, a plain set on
+  an existing key, and ignored with a :class:`ConfigWarning` when the key is not in the schema.
+  Hydra refuses ``+`` on a key that exists; rlforge sets it, because its schema has keys that
+  verl's lacks (a verl script adds them with ``+``).
+* ``~a.b`` / ``~a.b=value``  delete: a schema key (or a whole block) goes back to its schema
+  default, a key below a free-form field is removed; with ``=value``, only when the key's value is
+  ``value`` (else an error, as in Hydra).  A key rlforge does not have warns and changes nothing.
+  Overrides apply in order: ``a=1 ~a`` leaves ``a`` at its default, ``~a a=1`` sets it.
 
-Values are parsed as YAML by OmegaConf (``null``, ``1e-6``, ``true``, ``[console,file]``).
-Aliases: ``optim.warmup_style`` (older verl) sets ``optim.lr_scheduler_type``.  Hydra metadata
-(``_target_`` keys anywhere, a root ``defaults`` list, a root ``hydra`` block) in YAML files is ignored.
+The Hydra config and a ``--config`` file may carry a ``defaults:`` list: resolved by
+:mod:`rlforge.config.hydra_compose` against rlforge's built-in groups (verl's).  Values are parsed
+as YAML by OmegaConf (``null``, ``1e-6``, ``true``, ``[console,file]``).  Aliases:
+``optim.warmup_style`` (older verl) sets ``optim.lr_scheduler_type``.  Hydra's ``_target_`` keys are
+ignored anywhere.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import schema
 from rlforge.config.common import OptimConfig
+from rlforge.config.delete_key import Deletion, apply_deletion, parse_deletion
+from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
 from rlforge.config.root import RLForgeConfig
 from rlforge.config.user_keys import leaf_keys, record_user_keys
-from rlforge.errors import ConfigError, RLForgeWarning
+from rlforge.config.yaml_file import ConfigWarning, first_line, read_yaml, yaml_error_message
+from rlforge.errors import ConfigError
+
+__all__ = ["KEY_ALIASES", "ConfigWarning", "available_jobs", "load_config", "yaml_error_message"]
 
 KEY_ALIASES: dict[type, dict[str, str]] = {OptimConfig: {"warmup_style": "lr_scheduler_type"}}
 """Older verl key names accepted per dataclass: ``{dataclass: {old_name: current_name}}``."""
 
 _IGNORED_KEYS = ("_target_",)
-_IGNORED_ROOT_KEYS = ("defaults", "hydra")
 
 
-class ConfigWarning(RLForgeWarning):
-    """A config key was accepted but has no effect (unknown ``+key``, ignored Hydra metadata)."""
+class _Layer(NamedTuple):
+    """A checked layer: its keys, where it came from, and whether the user gave them (not the job
+    or rlforge's built-in groups)."""
+
+    data: dict[str, Any]
+    source: str
+    from_user: bool
 
 
 def load_config(
-    overrides: Sequence[str] = (), config_file: str | None = None, job: str | None = None
+    overrides: Sequence[str] = (), config_file: str | None = None, job: str | None = None,
+    config_path: str | None = None, config_name: str | None = None,
 ) -> RLForgeConfig:
-    """Return the resolved config: schema defaults <- job ``job`` <- ``config_file`` <- ``overrides``.
+    """Return the resolved config: schema defaults <- job ``job`` <- the Hydra config
+    ``config_path/config_name`` <- ``config_file`` <- ``overrides``.
 
     Args:
-        overrides: CLI overrides such as ``"data.train_batch_size=8"`` (grammar in the module doc).
-        config_file: YAML file of overrides in the same tree shape; None = none.
+        overrides: CLI overrides such as ``"data.train_batch_size=8"``, ``"+a.b=1"``, ``"~a.b"``
+            (grammar in the module doc).
+        config_file: YAML file of overrides in the same tree shape (a ``defaults:`` list is resolved);
+            None = none.
         job: name of an embedded job (``rlforge/config/jobs/<job>.yaml``); None = none.
+        config_path: Hydra's ``--config-path``, read from the current directory; None = none given.
+        config_name: Hydra's ``--config-name`` (``.yaml`` optional); with both None, no Hydra config.
+            verl's ``ppo_trainer`` and ``ppo_megatron_trainer`` are built in
+            (:func:`rlforge.config.hydra_compose.compose_named`).
 
     Returns:
-        Dataclass instances with interpolations resolved, carrying the keys that ``config_file`` and
-        ``overrides`` gave (:func:`rlforge.config.user_keys.user_set`).  Not validated: call
+        Dataclass instances with interpolations resolved, carrying the keys that the user's files
+        and ``overrides`` gave (:func:`rlforge.config.user_keys.user_set`).  Not validated: call
         :func:`rlforge.config.validate_config` for cross-field checks.
 
     Raises:
         ConfigError: unknown key (with the closest valid key), wrong type, unreadable file,
-            unknown job, malformed override.
+            unknown job, malformed override, a bad ``defaults`` entry (file and line).
     """
-    layers: list[tuple[dict[str, Any], str]] = []
+    layers: list[_Layer | Deletion] = []
     if job is not None:
-        layers.append((_clean_layer(_read_yaml(_job_path(job), f"job '{job}'"), f"job '{job}'"), f"job '{job}'"))
+        source = f"job '{job}'"
+        layers.append(_Layer(_clean_layer(read_yaml(_job_path(job), source), source), source, False))
+    composed: list[ComposedLayer] = []
+    if config_path is not None or config_name is not None:
+        composed += compose_named(config_path, config_name)
     if config_file is not None:
-        source = f"config file '{config_file}'"
-        layers.append((_clean_layer(_read_yaml(Path(config_file), source), source), source))
+        composed += compose_file(Path(config_file), f"config file '{config_file}'")
+    layers += [_Layer(_clean_layer(c.data, c.source), c.source, c.from_user) for c in composed]
     for override in overrides:
         source = f"override '{override}'"
-        layers.append((_clean_layer(_parse_override(override), source, override.lstrip().startswith("+")), source))
+        if override.strip().startswith("~"):
+            layers.append(parse_deletion(override, _canonical_key))
+        else:
+            plus = override.lstrip().startswith("+")
+            layers.append(_Layer(_clean_layer(_parse_override(override), source, plus), source, True))
     cfg = _merge_all(layers)
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(f"cannot resolve config key '{key}': {_first_line(e)}; set {key} to a value "
+        raise ConfigError(f"cannot resolve config key '{key}': {first_line(e)}; set {key} to a value "
                           f"({key}=...)") from None
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
-    record_user_keys(obj, (k for cleaned, source in layers if not source.startswith("job ")
-                           for k in leaf_keys(cleaned)))
+    record_user_keys(obj, _user_keys(layers))
     return obj
+
+
+def _user_keys(layers: Sequence[_Layer | Deletion]) -> set[str]:
+    """The dotted keys the user's layers gave, less those a later ``~key`` deleted."""
+    keys: set[str] = set()
+    for layer in layers:
+        if isinstance(layer, Deletion):
+            keys = {k for k in keys if k != layer.key and not k.startswith(layer.key + ".")}
+        elif layer.from_user:
+            keys |= leaf_keys(layer.data)
+    return keys
+
+
+def _canonical_key(dotted: str) -> str:
+    """``dotted`` with older verl names (:data:`KEY_ALIASES`) replaced by the current ones."""
+    cls: Any = RLForgeConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        cls = schema.strip_optional(cls)
+        if schema.kind_of(cls) != "node":
+            break
+        parts[i] = KEY_ALIASES.get(cls, {}).get(part, part)
+        cls = schema.field_types(cls).get(parts[i])
+        if cls is None:
+            break
+    return ".".join(parts)
 
 
 def available_jobs() -> list[str]:
@@ -99,63 +155,8 @@ def _job_path(job: str) -> Path:
     return path
 
 
-def _read_yaml(path: Path, source: str) -> dict[str, Any]:
-    try:
-        loaded = OmegaConf.load(path)
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: file not found; check the path given to --config") from None
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read it: {_first_line(e)}") from None
-    except yaml.MarkedYAMLError as e:
-        raise ConfigError(yaml_error_message(e, source)) from None
-    except Exception as e:  # yaml.YAMLError and OmegaConf's errors share no base class
-        raise ConfigError(f"{source}: not valid YAML: {_one_line(e)}") from None
-    if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"{source}: expected a mapping of config keys at the top level, got a list")
-    data = OmegaConf.to_container(loaded, resolve=False)
-    assert isinstance(data, dict)
-    for key in _IGNORED_ROOT_KEYS:
-        if key in data:
-            data.pop(key)
-            warnings.warn(f"{source}: ignoring Hydra '{key}' block; rlforge has no config groups", ConfigWarning, 2)
-    return data
-
-
-def _at(mark: Any) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}"
-
-
-def yaml_error_message(e: yaml.MarkedYAMLError, source: str) -> str:
-    """One line for a YAML syntax error or duplicated key: ``source``, the line and column
-    (1-based) where the parser stopped, the cause, and where the enclosing construct began.
-
-    Example: ``config file 'job.yaml', line 3, column 3: duplicate key 'b' (the mapping starts at
-    line 2, column 3); keep one of them``.
-    """
-    problem = " ".join(str(e.problem or "invalid YAML").split())
-    where = _at(e.problem_mark) if e.problem_mark is not None else "unknown position"
-    duplicate = re.fullmatch(r"found duplicate key (.+)", problem)
-    if duplicate:
-        start = f" (the mapping starts at {_at(e.context_mark)})" if e.context_mark is not None else ""
-        return f"{source}, {where}: duplicate key '{duplicate.group(1)}'{start}; keep one of them"
-    context = ""
-    if e.context and not (e.context_mark is not None and e.problem_mark is not None
-                          and (e.context_mark.line, e.context_mark.column)
-                          == (e.problem_mark.line, e.problem_mark.column)):
-        started = f" started at {_at(e.context_mark)}" if e.context_mark is not None else ""
-        context = f" ({' '.join(str(e.context).split())}{started})"
-    return f"{source}, {where}: not valid YAML: {problem}{context}"
-
-
-def _one_line(e: BaseException) -> str:
-    """The whole message of ``e`` on one line."""
-    return " ".join(str(e).split()) or type(e).__name__
-
-
 def _parse_override(override: str) -> dict[str, Any]:
     text = override.strip()
-    if text.startswith("~"):
-        raise ConfigError(f"override '{override}': deleting keys (~key) is not supported; set the key to null instead")
     body = text.lstrip("+")
     key, sep, _ = body.partition("=")
     if not sep or not key.strip():
@@ -163,7 +164,7 @@ def _parse_override(override: str) -> dict[str, Any]:
     try:
         parsed = OmegaConf.to_container(OmegaConf.from_dotlist([body]), resolve=False)
     except Exception as e:
-        raise ConfigError(f"override '{override}': cannot parse the value: {_first_line(e)}") from None
+        raise ConfigError(f"override '{override}': cannot parse the value: {first_line(e)}") from None
     assert isinstance(parsed, dict)
     return parsed
 
@@ -216,15 +217,31 @@ def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False) -> dict
     return _clean(RLForgeConfig, layer, "", source, plus)
 
 
-def _merge_all(layers: list[tuple[dict[str, Any], str]]) -> DictConfig:
-    """Merge every layer onto the schema defaults in one pass (one copy of the tree); on a type error,
-    merge layer by layer so that the message names the layer that brought the bad value."""
+def _merge_all(layers: Sequence[_Layer | Deletion]) -> DictConfig:
+    """Merge the layers onto the schema defaults in order, a ``~key`` deletion between two runs of
+    them.  Each run merges in one pass (one copy of the tree); on a type error, layer by layer, so
+    that the message names the layer that brought the bad value."""
+    merged = _schema_defaults()
+    run: list[_Layer] = []
+    for layer in [*layers, None]:
+        if isinstance(layer, _Layer):
+            run.append(layer)
+            continue
+        if run or merged is _schema_defaults():
+            merged = _merge_run(merged, run)
+            run = []
+        if layer is not None:
+            apply_deletion(merged, layer, _schema_defaults())
+    return merged
+
+
+def _merge_run(base: DictConfig, run: list[_Layer]) -> DictConfig:
     try:
-        merged = OmegaConf.merge(_schema_defaults(), *(OmegaConf.create(c) for c, _ in layers))
+        merged = OmegaConf.merge(base, *(OmegaConf.create(layer.data) for layer in run))
     except OmegaConfBaseException:
-        merged = _schema_defaults()
-        for cleaned, source in layers:
-            merged = _merge(merged, cleaned, source)
+        merged = base
+        for layer in run:
+            merged = _merge(merged, layer.data, layer.source)
     assert isinstance(merged, DictConfig)
     OmegaConf.set_readonly(merged, False)
     return merged
@@ -237,7 +254,7 @@ def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str) -> DictConfig:
         key = str(getattr(e, "full_key", "") or "")
         tp = schema.lookup(RLForgeConfig, key) if key else None
         if tp is None:
-            raise ConfigError(f"{source}: {_first_line(e)}") from None
+            raise ConfigError(f"{source}: {first_line(e)}") from None
         value = _value_at(cleaned, key)
         raise ConfigError(f"{key}: expected {schema.type_name(tp)}, got {value!r} (from {source})") from None
     assert isinstance(merged, DictConfig)
@@ -265,7 +282,4 @@ def _tail(value: Any) -> str:
 def _is_interpolation(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 

@@ -77,6 +77,9 @@ def test_validation_refuses_a_value_before_torch_loads(override: str, message: s
     ("rlforge.cli", ["train", "--print-config"], "  train_files: builtin:arithmetic"),
     ("rlforge.trainer.main_ppo", ["--print-config", "actor_rollout_ref.model.lora_rank=8",
                                   "actor_rollout_ref.actor.policy_loss.loss_mode=flowrl"], "    lora_rank: 8"),
+    # Hydra's flags and a defaults list (rlforge.config.hydra_compose): still no torch
+    ("rlforge.trainer.main_ppo", ["--config-path=config", "--config-name=ppo_megatron_trainer.yaml",
+                                  "--print-config", "~trainer.logger"], "    strategy: megatron"),
 ])
 def test_print_config_needs_no_torch(module: str, argv: list[str], shown: str) -> None:
     status, heavy, out, _ = run_main(module, *argv)
