@@ -168,7 +168,8 @@ def _parse_override(override: str) -> dict[str, Any]:
     return parsed
 
 
-def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool) -> dict[str, Any]:
+def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool,
+           root: type = RLForgeConfig) -> dict[str, Any]:
     """Check ``node`` (a layer below dataclass ``cls`` at ``prefix``) against the schema.
 
     Renames aliases, drops Hydra ``_target_`` keys, wraps a scalar given for a ``list[str]``
@@ -187,7 +188,7 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
                 shown = full + _tail(value)
                 warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
                 continue
-            hint = schema.closest_key(RLForgeConfig, full)
+            hint = schema.closest_key(root, full)
             suggestion = f"; did you mean '{hint}'?" if hint else "; see `rlforge train --print-config` for valid keys"
             where = "" if source.startswith("override") else f" in {source}"
             raise ConfigError(f"unknown config key '{full}'{where}{suggestion}")
@@ -195,7 +196,7 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         kind = schema.kind_of(tp)
         if kind == "node":
             if isinstance(value, dict):
-                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus)
+                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root)
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
@@ -205,37 +206,66 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
 
 
 @functools.cache
-def _schema_defaults() -> DictConfig:
+def _schema_defaults(root: type = RLForgeConfig) -> DictConfig:
     """The schema's defaults as a read-only DictConfig, built once (building it is most of a load's time)."""
-    base = OmegaConf.structured(RLForgeConfig)
+    base = OmegaConf.structured(root)
     OmegaConf.set_readonly(base, True)
     return base
 
 
-def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False) -> dict[str, Any]:
-    return _clean(RLForgeConfig, layer, "", source, plus)
+def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: type = RLForgeConfig) -> dict[str, Any]:
+    return _clean(root, layer, "", source, plus, root)
 
 
-def _merge_all(layers: list[tuple[dict[str, Any], str]]) -> DictConfig:
+def load_schema(root: type, overrides: Sequence[str] = (), config_file: str | None = None) -> Any:
+    """The dataclass ``root`` (another entry point's schema, e.g. the SFT trainer's) built from its
+    defaults <- ``config_file`` <- ``overrides``, with the same grammar and errors as :func:`load_config`
+    (unknown key: one :class:`ConfigError` naming the closest key of ``root``).
+
+    Returns:
+        an instance of ``root`` with interpolations resolved (not validated).
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+    layers: list[tuple[dict[str, Any], str]] = []
+    if config_file is not None:
+        source = f"config file '{config_file}'"
+        layers.append((_clean_layer(_read_yaml(Path(config_file), source), source, root=root), source))
+    for override in overrides:
+        source = f"override '{override}'"
+        plus = override.lstrip().startswith("+")
+        layers.append((_clean_layer(_parse_override(override), source, plus, root), source))
+    cfg = _merge_all(layers, root)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "?"
+        raise ConfigError(f"cannot resolve config key '{key}': {_first_line(e)}; set {key} to a value "
+                          f"({key}=...)") from None
+    assert isinstance(obj, root)  # internal invariant, not user input
+    return obj
+
+
+def _merge_all(layers: list[tuple[dict[str, Any], str]], root: type = RLForgeConfig) -> DictConfig:
     """Merge every layer onto the schema defaults in one pass (one copy of the tree); on a type error,
     merge layer by layer so that the message names the layer that brought the bad value."""
     try:
-        merged = OmegaConf.merge(_schema_defaults(), *(OmegaConf.create(c) for c, _ in layers))
+        merged = OmegaConf.merge(_schema_defaults(root), *(OmegaConf.create(c) for c, _ in layers))
     except OmegaConfBaseException:
-        merged = _schema_defaults()
+        merged = _schema_defaults(root)
         for cleaned, source in layers:
-            merged = _merge(merged, cleaned, source)
+            merged = _merge(merged, cleaned, source, root)
     assert isinstance(merged, DictConfig)
     OmegaConf.set_readonly(merged, False)
     return merged
 
 
-def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str) -> DictConfig:
+def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str, root: type = RLForgeConfig) -> DictConfig:
     try:
         merged = OmegaConf.merge(cfg, OmegaConf.create(cleaned))
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
-        tp = schema.lookup(RLForgeConfig, key) if key else None
+        tp = schema.lookup(root, key) if key else None
         if tp is None:
             raise ConfigError(f"{source}: {_first_line(e)}") from None
         value = _value_at(cleaned, key)
