@@ -1,6 +1,7 @@
 """``rlforge`` command line: thin parsing and dispatch.
 
     rlforge train [--config FILE] [--job NAME|none] [--print-config] [--verbose] [key=value | --key=value ...]
+    rlforge sft [--config FILE] [--print-config] [key=value ...]   (verl's SFT keys: docs/sft.md)
     rlforge data gsm8k [--src DIR] [--out DIR]
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
@@ -134,6 +135,10 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verbose", action="store_true", help="also show other libraries' warnings (torch, "
                    "transformers, peft: once each) and the profiler's log lines")
     t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
+    from rlforge.trainer.sft_args import add_sft_arguments
+
+    add_sft_arguments(sub.add_parser("sft", help="supervised fine-tuning (verl's SFT keys)",
+                                     description="Supervised fine-tuning with verl's SFT trainer keys (docs/sft.md)."))
     d = sub.add_parser("data", help="prepare datasets")
     dsub = d.add_subparsers(dest="dataset", required=True)
     g = dsub.add_parser("gsm8k", help="GSM8K as verl-format parquet (fetched with `datasets`, or from --src)",
@@ -178,12 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = ["train", *article_overrides(argv[1:])]
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-        if args.command == "train" and extra and not all("=" in x and not x.startswith("-") for x in extra):
+        if args.command in ("train", "sft") and extra and not all("=" in x and not x.startswith("-") for x in extra):
             raise UsageError(unknown_flag_message(extra))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
         return 2
-    if args.command == "train":
+    if args.command in ("train", "sft"):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -199,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             job = None if args.job in ("none", "") else args.job
             return run_train(args.overrides, args.config_file, job, args.print_config, started)
+        if args.command == "sft":
+            from rlforge.trainer.sft_trainer import run_sft
+
+            return run_sft(args.overrides, args.config_file, args.print_config)
         if args.command == "data":
             from rlforge.data import convert_gsm8k
 
