@@ -2,6 +2,7 @@
 
     rlforge train [--config-path DIR --config-name NAME] [--config FILE] [--job NAME|none] [--print-config]
                   [--verbose] [key=value | --key=value | +key=value | ++key=value | ~key ...]
+    rlforge sft [--config FILE] [--print-config] [key=value ...]   (verl's SFT keys: docs/sft.md)
     rlforge data gsm8k [--src DIR] [--out DIR]
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
@@ -147,6 +148,10 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verbose", action="store_true", help="also show other libraries' warnings (torch, "
                    "transformers, peft: once each) and the profiler's log lines")
     t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
+    from rlforge.trainer.sft_args import add_sft_arguments
+
+    add_sft_arguments(sub.add_parser("sft", help="supervised fine-tuning (verl's SFT keys)",
+                                     description="Supervised fine-tuning with verl's SFT trainer keys (docs/sft.md)."))
     d = sub.add_parser("data", help="prepare datasets")
     dsub = d.add_subparsers(dest="dataset", required=True)
     g = dsub.add_parser("gsm8k", help="GSM8K as verl-format parquet (fetched with `datasets`, or from --src)",
@@ -191,12 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = ["train", *article_overrides(argv[1:])]
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-        if args.command == "train" and extra and not all(is_override(x) for x in extra):
+        if args.command in ("train", "sft") and extra and not all(is_override(x) for x in extra):
             raise UsageError(unknown_flag_message(extra))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
         return 2
-    if args.command == "train":
+    if args.command in ("train", "sft"):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -215,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = None if job in ("none", "") else job
             return run_train(args.overrides, args.config_file, job, args.print_config, started,
                              args.config_path, args.config_name)
+        if args.command == "sft":
+            from rlforge.trainer.sft_trainer import run_sft
+
+            return run_sft(args.overrides, args.config_file, args.print_config)
         if args.command == "data":
             from rlforge.data import convert_gsm8k
 

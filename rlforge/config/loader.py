@@ -169,7 +169,8 @@ def _parse_override(override: str) -> dict[str, Any]:
     return parsed
 
 
-def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool) -> dict[str, Any]:
+def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool,
+           root: type = RLForgeConfig) -> dict[str, Any]:
     """Check ``node`` (a layer below dataclass ``cls`` at ``prefix``) against the schema.
 
     Renames aliases, drops Hydra ``_target_`` keys, wraps a scalar given for a ``list[str]``
@@ -188,7 +189,7 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
                 shown = full + _tail(value)
                 warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
                 continue
-            hint = schema.closest_key(RLForgeConfig, full)
+            hint = schema.closest_key(root, full)
             suggestion = f"; did you mean '{hint}'?" if hint else "; see `rlforge train --print-config` for valid keys"
             where = "" if source.startswith("override") else f" in {source}"
             raise ConfigError(f"unknown config key '{full}'{where}{suggestion}")
@@ -196,7 +197,7 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         kind = schema.kind_of(tp)
         if kind == "node":
             if isinstance(value, dict):
-                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus)
+                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root)
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
@@ -206,53 +207,82 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
 
 
 @functools.cache
-def _schema_defaults() -> DictConfig:
+def _schema_defaults(root: type = RLForgeConfig) -> DictConfig:
     """The schema's defaults as a read-only DictConfig, built once (building it is most of a load's time)."""
-    base = OmegaConf.structured(RLForgeConfig)
+    base = OmegaConf.structured(root)
     OmegaConf.set_readonly(base, True)
     return base
 
 
-def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False) -> dict[str, Any]:
-    return _clean(RLForgeConfig, layer, "", source, plus)
+def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: type = RLForgeConfig) -> dict[str, Any]:
+    return _clean(root, layer, "", source, plus, root)
 
 
-def _merge_all(layers: Sequence[_Layer | Deletion]) -> DictConfig:
+def _merge_all(layers: Sequence[_Layer | Deletion], root: type = RLForgeConfig) -> DictConfig:
     """Merge the layers onto the schema defaults in order, a ``~key`` deletion between two runs of
     them.  Each run merges in one pass (one copy of the tree); on a type error, layer by layer, so
     that the message names the layer that brought the bad value."""
-    merged = _schema_defaults()
+    merged = _schema_defaults(root)
     run: list[_Layer] = []
     for layer in [*layers, None]:
         if isinstance(layer, _Layer):
             run.append(layer)
             continue
-        if run or merged is _schema_defaults():
-            merged = _merge_run(merged, run)
+        if run or merged is _schema_defaults(root):
+            merged = _merge_run(merged, run, root)
             run = []
         if layer is not None:
-            apply_deletion(merged, layer, _schema_defaults())
+            apply_deletion(merged, layer, _schema_defaults(root))
     return merged
 
 
-def _merge_run(base: DictConfig, run: list[_Layer]) -> DictConfig:
+def _merge_run(base: DictConfig, run: list[_Layer], root: type = RLForgeConfig) -> DictConfig:
     try:
         merged = OmegaConf.merge(base, *(OmegaConf.create(layer.data) for layer in run))
     except OmegaConfBaseException:
         merged = base
         for layer in run:
-            merged = _merge(merged, layer.data, layer.source)
+            merged = _merge(merged, layer.data, layer.source, root)
     assert isinstance(merged, DictConfig)
     OmegaConf.set_readonly(merged, False)
     return merged
 
 
-def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str) -> DictConfig:
+def load_schema(root: type, overrides: Sequence[str] = (), config_file: str | None = None) -> Any:
+    """The dataclass ``root`` (another entry point's schema, e.g. the SFT trainer's) built from its
+    defaults <- ``config_file`` <- ``overrides``, with the same grammar and errors as :func:`load_config`
+    (unknown key: one :class:`ConfigError` naming the closest key of ``root``).
+
+    Returns:
+        an instance of ``root`` with interpolations resolved (not validated).
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+    layers: list[_Layer | Deletion] = []
+    if config_file is not None:
+        source = f"config file '{config_file}'"
+        layers.append(_Layer(_clean_layer(read_yaml(Path(config_file), source), source, root=root), source, True))
+    for override in overrides:
+        source = f"override '{override}'"
+        plus = override.lstrip().startswith("+")
+        layers.append(_Layer(_clean_layer(_parse_override(override), source, plus, root), source, True))
+    cfg = _merge_all(layers, root)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "?"
+        raise ConfigError(f"cannot resolve config key '{key}': {first_line(e)}; set {key} to a value "
+                          f"({key}=...)") from None
+    assert isinstance(obj, root)  # internal invariant, not user input
+    return obj
+
+
+def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str, root: type = RLForgeConfig) -> DictConfig:
     try:
         merged = OmegaConf.merge(cfg, OmegaConf.create(cleaned))
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
-        tp = schema.lookup(RLForgeConfig, key) if key else None
+        tp = schema.lookup(root, key) if key else None
         if tp is None:
             raise ConfigError(f"{source}: {first_line(e)}") from None
         value = _value_at(cleaned, key)

@@ -9,11 +9,12 @@ _HEADLINE = [
     "critic/score/mean", "val-core/", "reward/model_score/mean", "reward/judge_parse_failure_rate",
     "multi_turn/tool_calls/mean", "multi_turn/tool/", "multi_turn/truncated_ratio", "actor/pg_loss",
     "actor/kl_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss", "response_length/mean", "timing_s/step",
-    "perf/gpu_util/mean", "perf/idle_ratio",
+    "perf/gpu_util/mean", "perf/idle_ratio", "train/loss", "val/loss", "train/grad_norm",
 ]
 """Key prefixes shown on the step line, in this order: the score, validation, the reward model's or
 judge's score and failed parses (``reward_model.*``), tool use (``multi_turn/*``: calls per sample,
-each tool's errors and timeouts when there are any), the losses, lengths and time."""
+each tool's errors and timeouts when there are any), the losses, lengths and time; the SFT
+trainer's loss and gradient norm."""
 _TOOL_COUNTS = ("/error", "/timeout")
 """``multi_turn/tool/<name>/*`` counts on the step line when not 0 (all of them: ``trainer.logger=file``)."""
 
