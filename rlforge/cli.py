@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _route_logs()
     if args.command != "perf":  # the perf tools need neither torch's nor transformers' start-up
         _library_environment()
-    if args.command in ("data", "export"):  # train quiets them once its config is checked (run_train)
+    if args.command == "export":  # train quiets them once its config is checked (run_train); data needs no torch
         _quiet_libraries()
     try:
         if args.command == "train":
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_sft(args.overrides, args.config_file, args.print_config)
         if args.command == "data":
-            from rlforge.data import convert_gsm8k
+            from rlforge.data.gsm8k import convert_gsm8k
 
             counts = convert_gsm8k(args.src, args.out)
             for split, n in counts.items():

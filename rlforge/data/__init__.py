@@ -9,12 +9,23 @@ Public API:
     BUILTIN_TASKS: Registry of built-in generated tasks (``builtin:arithmetic``)
 """
 
-from rlforge.data.dataset import RLDataset, tokenize_messages, truncate
-from rlforge.data.gsm8k import convert_gsm8k
-from rlforge.data.load import load_rl_dataset, load_rows
-from rlforge.data.loader import PromptLoader, collate_prompts
-from rlforge.data.readers import read_file, read_rows
-from rlforge.data.tasks import BUILTIN_TASKS
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_HOMES = {  # name -> the module that defines it; imported on first use, so that `rlforge data gsm8k` needs no torch
+    "RLDataset": "dataset", "tokenize_messages": "dataset", "truncate": "dataset", "convert_gsm8k": "gsm8k",
+    "load_rl_dataset": "load", "load_rows": "load", "PromptLoader": "loader", "collate_prompts": "loader",
+    "read_file": "readers", "read_rows": "readers", "BUILTIN_TASKS": "tasks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'rlforge.data' has no attribute {name!r}")
+    return getattr(import_module(f"rlforge.data.{_HOMES[name]}"), name)
+
 
 __all__ = [
     "BUILTIN_TASKS",

@@ -10,8 +10,8 @@ The stage table, per stage, over the training steps (rows with ``timing_s/step``
 
 - ``mean s/step``: the stage's total ``timing_s/<stage>`` divided by the number of steps
   (a stage that ran in only some steps, like ``testing``, is averaged over all steps);
-- ``share``: the stage's total time over the total ``timing_s/step`` (``testing`` runs
-  outside the step, so its share is relative to, not part of, the step time);
+- ``share``: the stage's total time over the total ``timing_s/step`` (``-`` for ``testing``, which
+  runs outside the step);
 - ``GPU util %``: the mean of ``perf/gpu_util/<stage>`` over the steps that have it;
 - ``GPU idle s/step``: ``mean s/step x (1 - util / 100)``, the time per step during which no
   kernel ran (NVML's utilisation is the fraction of time a kernel was running).
@@ -56,10 +56,10 @@ def stage_table(rows: list[dict[str, float]]) -> list[StageRow]:
     n = len(train)
     step_total = sum(r["timing_s/step"] for r in train)
 
-    def row(stage: str, total: float, util_key: str | None) -> StageRow:
+    def row(stage: str, total: float, util_key: str | None, in_step: bool = True) -> StageRow:
         util = _mean([r[util_key] for r in rows if util_key in r]) if util_key else None
         mean_s = total / n
-        return StageRow(stage, mean_s, total / step_total if step_total > 0 else None, util,
+        return StageRow(stage, mean_s, total / step_total if step_total > 0 and in_step else None, util,
                         mean_s * (1.0 - util / 100.0) if util is not None else None)
 
     out = []
@@ -75,7 +75,7 @@ def stage_table(rows: list[dict[str, float]]) -> list[StageRow]:
     for st in OUTSIDE_STAGES:
         key = f"timing_s/{st}"
         if any(key in r for r in rows):
-            out.append(row(st, sum(r.get(key, 0.0) for r in rows), f"perf/gpu_util/{st}"))
+            out.append(row(st, sum(r.get(key, 0.0) for r in rows), f"perf/gpu_util/{st}", in_step=False))
     return out
 
 
@@ -136,7 +136,7 @@ def render_markdown(run: RunData, plots: list[tuple[str, str | None, str]]) -> s
     lines += ["", "## Stages", "",
               "Mean over the training steps. `share` is of the step time; `GPU idle s/step` = "
               "`mean s/step x (1 - GPU util / 100)`; `other` is step time outside every stage; "
-              "`testing` runs outside the step.", "",
+              "`testing` runs outside the step (no share).", "",
               "| stage | mean s/step | share | GPU util % | GPU idle s/step |", "|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r.stage} | {fmt(r.mean_s)} | {fmt(r.share, pct=True)} | {fmt(r.gpu_util)} | {fmt(r.idle_s)} |")

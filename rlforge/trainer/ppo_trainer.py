@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +73,7 @@ from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
 from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
 from rlforge.trainer.reward_components import gdpo_metrics, reward_components
-from rlforge.trainer.run_folder import check_run_folder, record_config
+from rlforge.trainer.run_folder import check_run_folder, interrupted_message, record_config
 from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.validation import validate
@@ -86,17 +87,29 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def _take_run_lock(t: Any) -> RunLock | None:
+def _take_run_lock(t: Any) -> tuple[RunLock | None, list[Path]]:
     """``trainer.default_local_dir``, created, and its run lock (:mod:`rlforge.trainer.run_lock`);
-    None on ranks other than 0 of a launched run (rank 0 holds it for all)."""
+    None on ranks other than 0 of a launched run (rank 0 holds it for all).  Also the folders this
+    created (deepest first), which a run that fails before it starts removes again if still empty."""
+    folder = Path(t.default_local_dir).absolute()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
-        Path(t.default_local_dir).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"trainer.default_local_dir={t.default_local_dir}: cannot create it ({e.strerror or e})") from None
     on_existing = str(t.on_existing_run)
     if under_launcher() and int(os.environ.get("RANK", "0") or 0) != 0:
-        return None
-    return acquire_run_lock(t.default_local_dir, on_existing)
+        return None, []
+    return acquire_run_lock(t.default_local_dir, on_existing), made
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """rmdir each folder (deepest first) that is empty; stop at the first that is not."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            return
 
 
 def seed_everything(seed: int) -> None:
@@ -116,12 +129,13 @@ class PPOTrainer:
     def __init__(self, cfg: Any, loggers: list[str]) -> None:
         self.cfg = cfg
         check_loggers(loggers)  # a missing logger package fails before the model loads
-        self.lock = _take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
+        self.lock, made = _take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
         try:
             self._settle_folder()  # another run's output in the folder: stop, or a fresh sub-folder (disable)
             self._setup(loggers)
         except BaseException:
             self._release_lock()
+            _remove_if_empty(made)  # a run that never started leaves no empty folder behind
             raise
 
     def _setup(self, loggers: list[str]) -> None:
@@ -287,6 +301,12 @@ class PPOTrainer:
                     self._save()
                 self.tracker.log(last, step=self.global_step)
                 self.perf.flush()
+        except KeyboardInterrupt:
+            if self.rank == 0:
+                actor_ckpt = self.cfg.actor_rollout_ref.actor.checkpoint
+                print(interrupted_message(self.out_dir, self.global_step, t.save_freq, actor_ckpt.save_contents),
+                      file=sys.stderr, flush=True)
+            raise
         finally:
             self.job.reward.close()
             self.tracker.close()

@@ -77,6 +77,29 @@ def _under(key: str, roots: tuple[str, ...]) -> bool:
     return any(key == r or key.startswith(r + ".") for r in roots)
 
 
+def _uses_critic(tree: Any) -> bool:
+    """Whether a resolved config (a dict) trains a critic, as :func:`rlforge.config.root.uses_critic`."""
+    enable = _select(tree, "critic.enable")
+    if enable not in (None, _UNSET):
+        return bool(enable)
+    return _select(tree, "algorithm.adv_estimator") == "gae"
+
+
+def frozen_changes(saved: Any, current: Any, keys: tuple[str, ...] = FROZEN) -> list[Change]:
+    """The ``keys`` whose value differs between two resolved configs (dicts).  A key the saved config
+    lacks (an older schema) is skipped, and so are ``critic.*`` keys when neither config trains a
+    critic (GRPO's unused critic follows the actor's model path by interpolation)."""
+    skip_critic = not (_uses_critic(saved) or _uses_critic(current))
+    out = []
+    for key in keys:
+        if skip_critic and key.startswith("critic."):
+            continue
+        old, new = _select(saved, key), _select(current, key)
+        if old is not _UNSET and old != new:
+            out.append(Change(key, old, new))
+    return out
+
+
 def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[Change], list[Change]]:
     """Compare two resolved configs (``format_config`` YAML).
 
@@ -86,11 +109,7 @@ def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[Change], li
         value differs (those absent from the saved config, written by an older schema, are skipped).
     """
     saved, current = yaml.safe_load(saved_yaml) or {}, yaml.safe_load(current_yaml) or {}
-    frozen = []
-    for key in FROZEN:
-        old, new = _select(saved, key), _select(current, key)
-        if old is not _UNSET and old != new:
-            frozen.append(Change(key, old, new))
+    frozen = frozen_changes(saved, current)
     flat_old, flat_new = _flatten(saved), _flatten(current)
     changes = [Change(k, flat_old.get(k, _UNSET), flat_new.get(k, _UNSET))
                for k in sorted(set(flat_old) | set(flat_new))

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from rlforge.errors import ConfigError
-from rlforge.trainer.resume_config import _UNSET, FROZEN, Change, _select
+from rlforge.trainer.resume_config import FROZEN, Change, frozen_changes
 
 RUN_CONFIG = "run_config.yaml"
 """The resolved config of the run that writes into the folder (rewritten at each start)."""
@@ -91,16 +91,11 @@ def saved_config(folder: Path, resume_mode: str) -> Path | None:
 
 def identity_changes(saved_yaml: str, current_yaml: str) -> list[Change]:
     """The :data:`IDENTITY` keys whose value differs between two resolved configs (YAML); a key the
-    saved config lacks (an older schema) is skipped."""
+    saved config lacks (an older schema) is skipped, and ``critic.*`` when neither run trains a critic."""
     saved, current = yaml.safe_load(saved_yaml) or {}, yaml.safe_load(current_yaml) or {}
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return []
-    out = []
-    for key in IDENTITY:
-        old, new = _select(saved, key), _select(current, key)
-        if old is not _UNSET and old != new:
-            out.append(Change(key, old, new))
-    return out
+    return frozen_changes(saved, current, IDENTITY)
 
 
 def _fix(folder: Path) -> str:
@@ -170,3 +165,23 @@ def record_config(folder: str | Path, config_yaml: str) -> Path:
     tmp.write_text(config_yaml)
     os.replace(tmp, path)
     return path
+
+
+def interrupted_message(folder: str | Path, step: int, save_freq: int, save_contents: list[str]) -> str:
+    """What a run stopped by Ctrl-C at ``step`` leaves to resume, in one line: the checkpoint that the
+    same command resumes from, or that nothing resumable was saved and which keys decide it
+    (``trainer.save_freq``, ``actor_rollout_ref.actor.checkpoint.save_contents``)."""
+    folder = Path(folder)
+    ckpt = _resumable_checkpoint(folder)
+    if ckpt is not None:
+        return (f"rlforge: interrupted during step {step}; the same command resumes from {ckpt} "
+                f"(step {_step(ckpt)}), and the steps after it are lost")
+    parts = set(save_contents or ())
+    if save_freq <= 0:
+        why = f"trainer.save_freq={save_freq} saves only at the last step"
+    elif not parts & {"model", "optimizer", "extra"}:
+        why = (f"actor_rollout_ref.actor.checkpoint.save_contents={sorted(parts)} writes only the Hugging Face "
+               "folder (add model, optimizer and extra to resume)")
+    else:
+        why = f"the first save comes at step {save_freq} (trainer.save_freq={save_freq})"
+    return f"rlforge: interrupted during step {step}; nothing resumable was saved in {folder}: {why}"

@@ -85,3 +85,18 @@ def test_print_config_needs_no_torch(module: str, argv: list[str], shown: str) -
     status, heavy, out, _ = run_main(module, *argv)
     assert (status, heavy) == (0, [])
     assert out.startswith("data:\n") and shown in out.split("\n")  # the resolved YAML
+
+
+@pytest.mark.e2e
+def test_gsm8k_without_datasets_is_one_line_before_torch_loads() -> None:
+    """``rlforge data gsm8k`` with no ``--src`` and no ``datasets`` package: the one-line hint, and no
+    torch import first (it took 18.6 s on a busy machine).  ``datasets`` is hidden from the child."""
+    code = ("import sys, json; sys.modules['datasets'] = None\n"
+            "import importlib.util as u; real = u.find_spec\n"
+            "u.find_spec = lambda n, *a: None if n == 'datasets' else real(n, *a)\n"
+            "from rlforge.cli import main\nstatus = main(['data', 'gsm8k', '--out', 'unused'])\n"
+            f"print(json.dumps({{'status': status, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    got = json.loads(done.stdout.strip().split("\n")[-1])
+    assert got["status"] == 2 and not set(got["heavy"]) - {"numpy"}, done.stderr  # numpy: ~0.1 s
+    assert done.stderr.count("\n") == 1 and "pip install datasets" in done.stderr

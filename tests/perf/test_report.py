@@ -73,8 +73,8 @@ def test_report_table_equals_hand_computed_values(tmp_path: Path):
     # other = step - stages = (10 - 9.5) + (14 - 13) = 1.5 over 2 steps
     assert num(stages["other"][0]) == approx(0.75)
     assert [num(c) for c in stages["step"]] == [approx(12.0), approx(1.0), approx(55.0), approx(12 * 0.45)]
-    # testing ran at steps 0 and 2 (outside the step): 6 s over 2 training steps
-    assert [num(c) for c in stages["testing"][:2]] == [approx(3.0), approx(6 / 24)]
+    # testing ran at steps 0 and 2 (outside the step): 6 s over 2 training steps, no share of the step
+    assert [num(c) for c in stages["testing"][:2]] == [approx(3.0), None]
     assert list(stages) == ["gen", "reward", "old_log_prob", "update_actor", "other", "step", "testing"]
     summary = parse_table(md, "| metric |")
     assert num(summary["time per step (s)"][0]) == approx(12.0)

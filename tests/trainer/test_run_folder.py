@@ -121,3 +121,36 @@ def test_output_of_an_unknown_run_is_one_error(tmp_path):
         check_run_folder(tmp_path, yaml.safe_dump(DEFAULT_JOB), "auto")
     for part in ("metrics.jsonl, trace", RUN_CONFIG, "trainer.experiment_name=", "trainer.resume_mode=disable"):
         assert part in str(e.value), (part, str(e.value))
+
+
+@pytest.mark.parametrize("estimator, named", [("grpo", False), ("gae", True)])
+def test_an_unused_critic_is_not_named(default_job_folder, estimator, named):
+    """GRPO trains no critic: its critic.model.* keys follow the actor's model path by interpolation and
+    are left out of the error; with GAE (a critic) they are named."""
+    saved = json.loads(json.dumps(DEFAULT_JOB))
+    saved["critic"] = {"enable": None, "model": {"path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                 "tokenizer_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}}
+    saved["algorithm"]["adv_estimator"] = estimator
+    record_config(default_job_folder, yaml.safe_dump(saved))
+    (default_job_folder / "global_step_20" / "config.yaml").write_text(yaml.safe_dump(saved))
+    now = edited(saved, actor_rollout_ref__model__path="preset:tiny", critic__model__path="preset:tiny",
+                 critic__model__tokenizer_path="preset:tiny")
+    with pytest.raises(ConfigError) as e:
+        check_run_folder(default_job_folder, now, "auto")
+    assert "actor_rollout_ref.model.path" in str(e.value)
+    assert ("critic.model.tokenizer_path" in str(e.value)) is named
+
+
+def test_interrupted_says_what_the_same_command_resumes(tmp_path):
+    from rlforge.trainer.run_folder import TRACKER, interrupted_message
+
+    msg = interrupted_message(tmp_path, 3, 5, ["model", "optimizer", "extra"])
+    assert "nothing resumable was saved" in msg and "step 5 (trainer.save_freq=5)" in msg
+    msg = interrupted_message(tmp_path, 3, 1, ["hf_model"])
+    assert "nothing resumable" in msg and "actor_rollout_ref.actor.checkpoint.save_contents=['hf_model']" in msg
+    assert "trainer.save_freq=-1 saves only at the last step" in interrupted_message(tmp_path, 3, -1, ["model"])
+    (tmp_path / "global_step_2").mkdir()
+    (tmp_path / "global_step_2" / "trainer_state.pt").write_bytes(b"x")
+    (tmp_path / TRACKER).write_text("2")
+    msg = interrupted_message(tmp_path, 3, 2, ["model", "optimizer", "extra"])
+    assert f"resumes from {tmp_path / 'global_step_2'} (step 2)" in msg and "\n" not in msg

@@ -153,3 +153,16 @@ def test_read_only_folder_is_one_error_naming_it(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="Read-only file system") as e:
         acquire(tmp_path)
     assert f"trainer.default_local_dir={tmp_path}" in str(e.value)
+
+
+@pytest.mark.e2e
+def test_a_run_that_fails_before_it_starts_leaves_no_empty_folder(tmp_path, monkeypatch, capsys):
+    """A model that cannot load (a Hub id, offline, not cached) stops the run after its folder was
+    created for the lock: the folders it created are removed again, the parent it found is kept."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "runs" / "qwen"
+    rc = main(["train", *SMALL, *FAST, f"trainer.default_local_dir={out}", "trainer.total_training_steps=1",
+               "actor_rollout_ref.model.path=NoSuchOrg/no-such-model"])
+    assert rc == 2 and "NoSuchOrg/no-such-model" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and tmp_path.is_dir()
