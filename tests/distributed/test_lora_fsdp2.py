@@ -2,7 +2,9 @@
 device) against 2 gloo ranks with half of the batch each, with gradient checkpointing.  Two
 optimizer steps; the losses and gradient norms must agree to 1e-5 relative (1e-6 absolute: the
 second step's pg_loss is ~0.01, a sum of signed terms, and differs by ~3e-7 in float32), the
-adapter weights and AdamW state to 1e-5 (measured: 2.3e-6)."""
+adapter weights to 5e-5 absolute, 5% of the lr of 1e-3 (measured 2.3e-6 on a quiet machine and 2.3e-5 in a
+loaded CI run: AdamW divides by sqrt(v) + 1e-8, so an element whose gradient is near 1e-8 moves by a sizeable
+fraction of lr on summation-order noise alone), and AdamW state to 1e-5."""
 
 from __future__ import annotations
 
@@ -35,5 +37,5 @@ def test_lora_one_process_equals_two(tmp_path):
     state = one["state"]["model"]
     assert state and all(".lora_A." in k or ".lora_B." in k for k in state)  # only the adapter is saved
     assert any(float(v.abs().max()) > 0 for k, v in state.items() if ".lora_B." in k)  # B left zero: it trained
-    dc.close_states(state, two["state"]["model"])
+    dc.close_states(state, two["state"]["model"], atol=5e-5)
     dc.close_optim(one["state"]["optimizer"], two["state"]["optimizer"])
