@@ -2,6 +2,8 @@
 
     rlforge train [--config-path DIR --config-name NAME] [--config FILE] [--job NAME|none] [--print-config]
                   [--verbose] [key=value | --key=value | +key=value | ++key=value | ~key ...]
+    rlforge check-config [--config-path DIR --config-name NAME] [--config FILE] [key=value ...]
+                  (per key: takes effect / mapped -> KEY / warned (why); exit 2 on a refused key or value)
     rlforge sft [--config FILE] [--print-config] [key=value ...]   (verl's SFT keys: docs/sft.md)
     rlforge data gsm8k [--src DIR] [--out DIR]
     rlforge perf report RUN_DIR [--out DIR]
@@ -130,6 +132,23 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     return 0
 
 
+def run_check_config(args: argparse.Namespace) -> int:
+    """``rlforge check-config``: one line per key the user set (:mod:`rlforge.config.check`), then the
+    warnings that name none of them; 0, or a :class:`~rlforge.errors.ConfigError` (exit 2 in :func:`main`)."""
+    from rlforge.config.check import check_config
+
+    job = None if args.job in (None, "none", "") else args.job
+    report = check_config(args.overrides, config_file=args.config_file, job=job, config_path=args.config_path,
+                          config_name=args.config_name)
+    for verdict in report.keys:
+        _print(verdict.line())
+    for line in report.other_warnings:
+        _print(f"(other) warned: {line}")
+    counts = {v: sum(k.verdict == v for k in report.keys) for v in ("takes effect", "mapped", "warned")}
+    _print(f"{len(report.keys)} keys: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "; none refused")
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlforge", description="RL post-training of LLMs (verl-compatible config).")
     sub = p.add_subparsers(dest="command", required=True)
@@ -148,6 +167,18 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verbose", action="store_true", help="also show other libraries' warnings (torch, "
                    "transformers, peft: once each) and the profiler's log lines")
     t.add_argument("overrides", nargs="*", help="key=value overrides (also --key=value)")
+    c = sub.add_parser("check-config", help="what rlforge does with each key of a verl command line",
+                       description="Load and validate the config as `python -m rlforge.trainer.main_ppo "
+                       "--print-config` does (verl's defaults, no embedded job; no torch), then print, per key "
+                       "you set: takes effect / mapped -> KEY / warned (why). Exit 0, or 2 with one line when a "
+                       "key or value is refused.")
+    c.add_argument("--config-path", "-cp", dest="config_path", default=None, metavar="DIR",
+                   help="Hydra's config folder, as for train")
+    c.add_argument("--config-name", "-cn", dest="config_name", default=None, metavar="NAME",
+                   help="Hydra config in --config-path, as for train")
+    c.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
+    c.add_argument("--job", default=None, help="embedded job to start from (default: none, as main_ppo)")
+    c.add_argument("overrides", nargs="*", help="key=value overrides, as for train")
     from rlforge.trainer.sft_args import add_sft_arguments
 
     add_sft_arguments(sub.add_parser("sft", help="supervised fine-tuning (verl's SFT keys)",
@@ -192,16 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["train"]:  # `--a.b=value` / `--a.b value` -> `a.b=value`
-            argv = ["train", *article_overrides(argv[1:])]
+        if argv[:1] in (["train"], ["check-config"]):  # `--a.b=value` / `--a.b value` -> `a.b=value`
+            argv = [argv[0], *article_overrides(argv[1:])]
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-        if args.command in ("train", "sft") and extra and not all(is_override(x) for x in extra):
+        if args.command in ("train", "sft", "check-config") and extra and not all(is_override(x) for x in extra):
             raise UsageError(unknown_flag_message(extra))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
         return 2
-    if args.command in ("train", "sft"):
+    if args.command in ("train", "sft", "check-config"):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -214,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "export":  # train quiets them once its config is checked (run_train); data needs no torch
         _quiet_libraries()
     try:
+        if args.command == "check-config":
+            return run_check_config(args)
         if args.command == "train":
             hydra = args.config_path is not None or args.config_name is not None
             job = args.job if args.job is not None else (None if hydra else "default")

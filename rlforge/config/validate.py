@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlforge.config import registry_names as names
+from rlforge.config.backends import check_backends
 from rlforge.config.common import get_key
 from rlforge.config.later_work import later_work_warnings
 from rlforge.config.lora import adapter_path_overrides, check_lora_keys, lora_enabled
@@ -75,6 +76,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
             do not divide, a bad ``trainer.device``, an offload/dtype/strategy combination
             that cannot work (:mod:`rlforge.config.precision`).
     """
+    check_backends(cfg)  # hardware / backends rlforge cannot have: before any other check
     _check_choices(cfg)
     names.ADV_ESTIMATORS.check(cfg.algorithm.adv_estimator)
     names.POLICY_LOSSES.check(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)

@@ -1,0 +1,76 @@
+"""``rlforge check-config`` (issue 38, item 6): per-key verdicts, exit status, one-line refusals, no torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.cli import main
+from rlforge.config.check import MAPPED, TAKES_EFFECT, WARNED, check_config
+
+_ARR = "actor_rollout_ref"
+
+
+def test_each_key_gets_its_verdict() -> None:
+    report = check_config([f"{_ARR}.rollout.name=vllm", f"{_ARR}.actor.optim.warmup_style=cosine",
+                           "data.train_batch_size=256", "+foo.bar=1"])
+    got = {v.key: v.verdict for v in report.keys}
+    assert got == {f"{_ARR}.rollout.name": WARNED, f"{_ARR}.actor.optim.warmup_style": MAPPED,
+                   "data.train_batch_size": TAKES_EFFECT, "foo.bar": WARNED}
+    mapped = next(v for v in report.keys if v.verdict == MAPPED)
+    assert mapped.line() == f"{_ARR}.actor.optim.warmup_style: mapped -> {_ARR}.actor.optim.lr_scheduler_type"
+    # verl's default rollout TP=2 warns, but the user did not set it: not one of the user's keys
+    assert any("tensor_model_parallel_size=2" in w for w in report.other_warnings)
+
+
+def test_a_nested_free_form_key_is_named_by_its_parents_warning() -> None:
+    report = check_config([f"{_ARR}.rollout.engine_kwargs.vllm.enable_expert_parallel=true"])
+    (verdict,) = report.keys
+    assert verdict.verdict == WARNED and "engine arguments are not used" in verdict.detail
+
+
+def test_cli_prints_lines_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["check-config", "data.train_batch_size=256", f"--{_ARR}.rollout.n", "4"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert out[:2] == ["data.train_batch_size: takes effect", f"{_ARR}.rollout.n: takes effect"]
+    assert out[-1] == "2 keys: 2 takes effect, 0 mapped, 0 warned; none refused"
+
+
+def test_cli_with_verl_config_name(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["check-config", "--config-path=config", "--config-name=ppo_megatron_trainer.yaml",
+                   f"{_ARR}.actor.megatron.tensor_model_parallel_size=1"])
+    assert status == 0
+    assert f"{_ARR}.actor.megatron.tensor_model_parallel_size: takes effect" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, line", [
+    ("trainer.device=npu", "rlforge: error: trainer.device=npu: Ascend NPUs (torch_npu) are not supported; "
+                           "rlforge runs on NVIDIA CUDA GPUs or the CPU (set trainer.device=cuda, cpu or auto)\n"),
+    (f"{_ARR}.rollout.name=trtllm", f"rlforge: error: {_ARR}.rollout.name=trtllm: a TensorRT-LLM rollout is not "
+                                    "available in rlforge; set rollout.name=native (rlforge's engine, which also runs "
+                                    "verl's vllm and sglang settings) or hf (transformers' generate)\n"),
+    (f"{_ARR}.actor.optim.lrr=1e-6", f"rlforge: error: unknown config key '{_ARR}.actor.optim.lrr'; did you mean "
+                                     f"'{_ARR}.actor.optim.lr'?\n"),
+])
+def test_cli_refusal_is_one_line_and_exit_two(override: str, line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["check-config", override])
+    captured = capsys.readouterr()
+    assert (status, captured.err, captured.out) == (2, line, "")
+
+
+@pytest.mark.e2e
+def test_check_config_imports_no_torch() -> None:
+    """Measured by the imports of a fresh interpreter (tests/cli/test_config_before_torch.py's way)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import json, sys\nfrom rlforge.cli import main\n"
+            f"status = main(['check-config', '--config-name=ppo_trainer', '{_ARR}.rollout.name=vllm'])\n"
+            "print(json.dumps([status, [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, []], done.stderr

@@ -1,0 +1,139 @@
+"""verl's example scripts, run through ``rlforge check-config``'s loader (issue 38, item 6).
+
+``tests/fixtures/verl_examples.json`` holds the Hydra overrides of every script under verl's
+``examples/`` that launches ``verl.trainer.main_ppo`` at the pinned commit (b178a3c, 2026-01-29,
+0.8.0.dev), extracted by ``tests/fixtures/extract_verl_examples.py``.  Every entry is accepted,
+apart from the lists below, each of which says why.  A list entry that no script needs any more
+fails the test, so that the lists shrink as rlforge grows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from verl_examples_harness import Outcome, load_fixture, run_entry
+
+PENDING_UNKNOWN_KEYS: dict[str, str] = {
+    # verl keys rlforge's schema does not have yet: the h-schema branch makes every leaf key of verl's
+    # generated configs known.  Empty this list once it is merged (the test then says which remain).
+    "actor_rollout_ref.actor.freeze_vision_tower": "verl schema key",
+    "actor_rollout_ref.actor.fsdp_config.strategy": "verl schema key",
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": "verl schema key",
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge": "verl schema key (megatron config)",
+    "actor_rollout_ref.actor.optim.clip_grad": "verl schema key (maps onto grad_clip)",
+    "actor_rollout_ref.actor.optim.lr_decay_style": "verl schema key (megatron config)",
+    "actor_rollout_ref.actor.router_replay": "verl schema key",
+    "actor_rollout_ref.model.lora": "verl schema key (megatron config; maps onto the flat LoRA keys)",
+    "actor_rollout_ref.model.mtp": "verl schema key",
+    "actor_rollout_ref.rollout.checkpoint_engine": "verl schema key",
+    "actor_rollout_ref.rollout.data_parallel_size": "verl schema key",
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": "verl schema key",
+    "actor_rollout_ref.rollout.expert_parallel_size": "verl schema key",
+    "actor_rollout_ref.rollout.prometheus": "verl schema key",
+    "actor_rollout_ref.rollout.skip_tokenizer_init": "verl schema key",
+    "reward_model.rollout": "verl schema key",
+    "reward_model.use_reward_loop": "verl schema key",
+    # not in verl's generated configs: set by a script (torch_dtype) or added by an example's YAML file
+    # (Hydra lets a config file add keys); the schema work decides what they mean
+    "actor_rollout_ref.model.torch_dtype": "not in verl's generated configs (cispo example)",
+    "actor_rollout_ref.rollout.server": "not in verl's generated configs (gsm8k_multiturn_grpo_server.yaml)",
+    "actor_rollout_ref.rollout.sglang_rollout_mode": "not in verl's generated configs "
+                                                     "(gsm8k_multiturn_grpo_server.yaml)",
+}
+"""Unknown-key refusals another branch removes: the check re-sends them as ``++key`` and goes on."""
+
+PENDING_REFUSED_VALUES: dict[str, str] = {
+    "actor_rollout_ref.actor.fsdp_config.param_offload":
+        "h-schema: verl's FSDP1 param_offload moves the weights to the CPU between phases; rlforge refuses "
+        "FSDP1's in-step CPU offload under gradient accumulation",
+    "critic.model.fsdp_config.param_offload": "h-schema: as the actor's param_offload",
+}
+"""Values verl accepts that rlforge refuses until another branch lands: dropped, and the check goes on."""
+
+HARDWARE_REFUSALS: dict[str, tuple[str, str]] = {
+    # (this script also sets sp_size after $((.../sp_size)) uses it: its token budgets stay at 16384 < 32768)
+    "examples/gspo_trainer/run_qwen3_32b_gspo_npu.sh": ("trainer.device=npu", "Ascend NPU"),
+    "examples/grpo_trainer/run_qwen2-7b_math_trtllm.sh": ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
+    "examples/grpo_trainer/run_qwen2-7b_math_megatron_trtllm.sh": ("actor_rollout_ref.rollout.name=trtllm",
+                                                                   "TensorRT-LLM"),
+}
+"""Scripts whose values name hardware or a backend rlforge cannot have: {script: (key=value, what)}."""
+
+SCRIPT_FAULTS: dict[str, tuple[str, str]] = {
+    "examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh": (
+        "override ' ' is not of the form key=value",
+        "`\\ ` before a `#` comment ends the command after 3 overrides and passes ' ', which Hydra refuses too"),
+    "examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh": (
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 x",
+        "a comment line inside the continuation cuts the command before trainer.n_gpus_per_node=8; verl then "
+        "runs on its default 8 GPUs, rlforge's default is 1 process, which TP=2 does not divide"),
+    "examples/sglang_multiturn/search_r1_like/run_qwen2.5-3b_instruct_search_multiturn.sh": (
+        "actor_rollout_ref.rollout.multi_turn.format='qwen'",
+        "search_multiturn_grpo.yaml sets multi_turn.format=qwen; verl registers only the hermes and gpt-oss "
+        "tool parsers, so its tool agent loop fails on it too"),
+}
+"""Scripts that fail in verl too, or only because the script is cut short: {script: (error start, why)}."""
+
+RLFORGE_LIMITS: dict[str, tuple[str, str]] = {
+    "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
+        "data.train_batch_size=3 is not divisible by the 48 ranks",
+        "rlforge gives each process whole prompts (3 prompts cannot go to 48 processes); verl shards "
+        "train_batch_size x rollout.n samples over its data-parallel groups"),
+}
+"""Values verl accepts that rlforge refuses by design: {script: (error start, why)}."""
+
+EXPECTED_REFUSALS = {**{s: (kv + ":", w) for s, (kv, w) in HARDWARE_REFUSALS.items()}, **SCRIPT_FAULTS,
+                     **RLFORGE_LIMITS}
+
+
+def _outcomes(tmp: Path) -> dict[str, Outcome]:
+    entries = load_fixture()
+    out = {}
+    for n, (script, entry) in enumerate(entries.items()):
+        folder = tmp / str(n)
+        folder.mkdir()
+        out[script] = run_entry(entry, set(PENDING_UNKNOWN_KEYS), set(PENDING_REFUSED_VALUES), folder)
+    return out
+
+
+def test_fixture_covers_verl_examples() -> None:
+    entries = load_fixture()
+    assert len(entries) == 126  # scripts under examples/ launching verl.trainer.main_ppo at b178a3c
+    assert all(e["overrides"] for e in entries.values())
+    for script in [*HARDWARE_REFUSALS, *SCRIPT_FAULTS, *RLFORGE_LIMITS]:
+        assert script in entries, script
+
+
+@pytest.mark.parametrize("script", sorted(HARDWARE_REFUSALS))
+def test_hardware_and_backend_refusals_are_one_line(script: str, tmp_path: Path) -> None:
+    """Each names the key and the value, in one line."""
+    entry = load_fixture()[script]
+    outcome = run_entry(entry, set(PENDING_UNKNOWN_KEYS), set(PENDING_REFUSED_VALUES), tmp_path)
+    key_value, what = HARDWARE_REFUSALS[script]
+    assert outcome.error is not None and outcome.error.startswith(key_value + ":"), outcome.error
+    assert what in outcome.error and "\n" not in outcome.error
+
+
+@pytest.mark.e2e  # ~126 config loads: 15-40 s on a busy 2-core machine
+def test_every_verl_example_is_accepted(tmp_path: Path) -> None:
+    outcomes = _outcomes(tmp_path)
+    wrong = {}
+    for script, o in outcomes.items():
+        expected = EXPECTED_REFUSALS.get(script)
+        if expected is None and o.error is not None:
+            wrong[script] = f"refused: {o.error}"
+        elif expected is not None and not (o.error or "").startswith(expected[0]):
+            wrong[script] = f"expected a refusal starting {expected[0]!r}, got {o.error!r}"
+    assert not wrong, "\n".join(f"{s}: {w}" for s, w in wrong.items())
+    used_unknown = {k for o in outcomes.values() for k in o.pending_unknown}
+    used_values = {k for o in outcomes.values() for k in o.pending_values}
+    assert set(PENDING_UNKNOWN_KEYS) <= used_unknown, (
+        f"no script is refused for these keys any more; remove them from PENDING_UNKNOWN_KEYS: "
+        f"{sorted(set(PENDING_UNKNOWN_KEYS) - used_unknown)}")
+    assert set(PENDING_REFUSED_VALUES) <= used_values, (
+        f"remove from PENDING_REFUSED_VALUES: {sorted(set(PENDING_REFUSED_VALUES) - used_values)}")
+    outright = sum(o.first_error is None for o in outcomes.values())
+    print(f"\nverl examples: accepted {outright} of {len(outcomes)} as they are; "
+          f"{sum(o.error is None for o in outcomes.values())} with the pending keys set aside; "
+          f"{len(EXPECTED_REFUSALS)} expected refusals")
