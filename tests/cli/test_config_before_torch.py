@@ -85,3 +85,16 @@ def test_print_config_needs_no_torch(module: str, argv: list[str], shown: str) -
     status, heavy, out, _ = run_main(module, *argv)
     assert (status, heavy) == (0, [])
     assert out.startswith("data:\n") and shown in out.split("\n")  # the resolved YAML
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("module, argv", [
+    ("rlforge.cli", ["train", "data.train_files=/nonexistent/adv/train.parquet"]),
+    ("rlforge.trainer.main_ppo", ["data.train_files=builtin:arithmetic", "data.val_files=[/nonexistent/adv/test.parquet]"]),
+])
+def test_a_missing_data_file_is_reported_before_torch_loads(module: str, argv: list[str]) -> None:
+    status, heavy, _, err = run_main(module, *argv)
+    key = "data.train_files" if "train_files=/" in argv[-1] else "data.val_files"
+    path = argv[-1].split("=", 1)[1].strip("[]")
+    assert (status, heavy) == (2, [])  # verl's defaults (main_ppo) warn about vllm first: the error is the last line
+    assert err.endswith(f"rlforge: error: {key}: data file not found: {path}\n")
