@@ -109,6 +109,9 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
     if print_config:
         _print(format_config(cfg))
         return 0
+    from rlforge.config.data_files import check_data_files
+
+    check_data_files(cfg)  # a missing file in a second, not after torch and the model load
     _quiet_libraries()
     from rlforge.launch import maybe_launch
     from rlforge.trainer.cpu_threads import apply_cpu_threads

@@ -14,6 +14,7 @@ that follows one is re-raised as it is.  (Scorer worker processes ignore SIGINT,
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType, TracebackType
@@ -25,8 +26,40 @@ USER_EXITS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
 """Exceptions that a reward function may raise to end the process; never a sample's ordinary error."""
 
 
+class OsExit(SystemExit):
+    """``os._exit(code)`` called by a reward function inside :class:`SigintWatch` (which replaces ``os._exit``
+    there): it would end the trainer at once, with that status and no message (``os._exit(0)``: status 0)."""
+
+
+_REAL_OS_EXIT = os._exit
+_guard_lock = threading.Lock()
+_guard_depth = 0
+_guard_pid = 0
+
+
+def _raising_os_exit(code: int) -> None:
+    if os.getpid() != _guard_pid:  # a child forked meanwhile (a scorer pool's worker): its own exit
+        _REAL_OS_EXIT(code)
+    raise OsExit(code)
+
+
+def _guard_os_exit(on: bool) -> None:
+    """Replace ``os._exit`` by :func:`_raising_os_exit` while at least one watch is open (any thread)."""
+    global _guard_depth, _guard_pid
+    with _guard_lock:
+        _guard_depth += 1 if on else -1
+        if on and _guard_depth == 1:
+            _guard_pid = os.getpid()
+            os._exit = _raising_os_exit
+        elif not on and _guard_depth == 0:
+            os._exit = _REAL_OS_EXIT
+
+
 def exit_reason(e: BaseException) -> str:
-    """What the function did, in words: ``called sys.exit(0) (SystemExit)`` or ``raised KeyboardInterrupt``."""
+    """What the function did, in words: ``called sys.exit(0) (SystemExit)``, ``called os._exit(0)`` or
+    ``raised KeyboardInterrupt``."""
+    if isinstance(e, OsExit):
+        return f"called os._exit({e.code!r})"
     if isinstance(e, SystemExit):
         return f"called sys.exit({e.code!r}) (SystemExit)"
     return f"raised {type(e).__name__}" + (f": {e}" if str(e) else "")
@@ -45,6 +78,9 @@ def exit_error(where: str, reason: str) -> RewardError:
 class SigintWatch:
     """Context manager: :attr:`seen` is True when SIGINT reached this process inside the block.
 
+    Inside the block ``os._exit(code)`` raises :class:`OsExit` (a ``SystemExit``) instead of ending the
+    process at once: a reward function calling it used to end ``rlforge train`` with status 0 and no message.
+
     Only in the main thread (where Python runs signal handlers) and only when the current SIGINT
     handler is a Python callable (it is called as before, so Ctrl-C still raises
     ``KeyboardInterrupt``); elsewhere :attr:`seen` stays False.  The previous handler is restored
@@ -61,6 +97,7 @@ class SigintWatch:
         return self._prev(signum, frame)
 
     def __enter__(self) -> SigintWatch:
+        _guard_os_exit(True)
         if threading.current_thread() is threading.main_thread():
             prev = signal.getsignal(signal.SIGINT)
             if callable(prev):
@@ -71,6 +108,7 @@ class SigintWatch:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        _guard_os_exit(False)
         if self._installed:
             signal.signal(signal.SIGINT, self._prev)
             self._installed = False

@@ -21,6 +21,7 @@ appended when the program did not exit 0.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from rlforge.tools.base import BaseTool, ToolError, ToolResponse
@@ -44,12 +45,15 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
     vals: dict[str, Any] = {}
     for k, cast in (("cpu_s", int), ("wall_s", float), ("memory_mb", int), ("max_processes", int),
                     ("max_output_bytes", int)):
+        raw = config.get(k, getattr(d, k))
         try:
-            vals[k] = cast(config.get(k, getattr(d, k)))
-        except (TypeError, ValueError):
-            raise ValueError(f"{k}={config.get(k)!r}: must be a number > 0") from None
+            if isinstance(raw, bool) or not math.isfinite(float(raw)):  # true is not 1; nan/inf is no limit
+                raise ValueError
+            vals[k] = cast(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{k}={raw!r}: must be a finite number > 0") from None
         if vals[k] <= 0:
-            raise ValueError(f"{k}={vals[k]}: must be > 0")
+            raise ValueError(f"{k}={raw!r}: must be > 0")
     if not isinstance(config.get(RISK_KEY, False), bool):
         raise ValueError(f"{RISK_KEY}={config.get(RISK_KEY)!r}: must be true or false")
     return Limits(**vals)

@@ -57,7 +57,10 @@ def select_sandbox(config: dict[str, Any], tool: str = "python_executor") -> San
             return SANDBOXES.get(name)(config)
         except SandboxUnavailable as e:
             if choice != "auto":
-                raise
+                hint = f"`{INSTALL_HINT}`" if name == "bwrap" else f"`{name}` on PATH"
+                raise SandboxUnavailable(f"{tool}: sandbox: {choice} in the tool's config, but {e}; install {hint}, "
+                                         f"or set sandbox: auto (or sandbox_fusion_url), or `{RISK_KEY}: true` with "
+                                         "sandbox: auto to accept the risk (see docs/sandbox.md)") from None
             reasons.append(f"{name}: {e}")
     if config.get(RISK_KEY) is True:
         warnings.warn(f"{tool}: {RISK_KEY}: true and no sandbox here ({'; '.join(reasons)}): model-written code "

@@ -53,16 +53,26 @@ class RemoteSandbox:
 
 
 def _result(answer: Any, limits: Limits, wall_s: float, url: str) -> RunResult:
+    """The :class:`RunResult` of a SandboxFusion ``answer``.
+
+    Raises:
+        ToolError: ``SandboxError``, or an answer not in SandboxFusion's shape (``run_result`` not an
+            object, ``stdout``/``stderr`` not text, ``return_code`` not an integer); the message names the URL.
+    """
     if not isinstance(answer, dict) or answer.get("status") == "SandboxError":
         msg = answer.get("message", "") if isinstance(answer, dict) else answer
         raise ToolError(f"remote sandbox {url}: sandbox error {str(msg)[:200]!r}")
     run = answer.get("run_result") or {}
+    rc = run.get("return_code") if isinstance(run, dict) else None
+    if (not isinstance(run, dict) or not all(isinstance(run.get(k) or "", str) for k in ("stdout", "stderr"))
+            or not (rc is None or (isinstance(rc, int) and not isinstance(rc, bool)))):
+        raise ToolError(f"remote sandbox {url}: the answer is not SandboxFusion's shape (run_result.stdout, "
+                        f"stderr: text; return_code: integer): {json.dumps(answer)[:200]}")
     text = (run.get("stdout") or "") + (run.get("stderr") or "")
     data = text.encode("utf-8", errors="replace")
     killed = f"wall time limit of {limits.wall_s:g} s" if run.get("status") == "TimeLimitExceeded" else ""
-    rc = run.get("return_code")
     out = data[:limits.max_output_bytes].decode("utf-8", errors="replace")
-    return RunResult(out, None if killed or rc is None else int(rc), killed, len(data) > limits.max_output_bytes,
+    return RunResult(out, None if killed or rc is None else rc, killed, len(data) > limits.max_output_bytes,
                      wall_s)
 
 

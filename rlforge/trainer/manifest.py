@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 
 from rlforge.errors import CheckpointError
 
 MANIFEST = "manifest.json"
+_STEP = re.compile(r"global_step_(\d+)")
 _CHUNK = 1 << 20  # bytes read per hashing step
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,20 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
+def _older_with_manifest(folder: Path) -> Path | None:
+    """The newest ``global_step_M`` sibling of ``folder`` (a ``global_step_N``) with ``M < N`` that has a
+    manifest, or None (also when ``folder`` is not named ``global_step_N``)."""
+    m = _STEP.fullmatch(folder.name)
+    if m is None or not folder.parent.is_dir():
+        return None
+    steps = []
+    for p in folder.parent.iterdir():
+        q = _STEP.fullmatch(p.name)
+        if q and int(q.group(1)) < int(m.group(1)) and (p / MANIFEST).is_file():
+            steps.append((int(q.group(1)), p))
+    return max(steps)[1] if steps else None
+
+
 def write_manifest(folder: str | Path) -> Path:
     """Hash every file under ``folder`` into ``folder/manifest.json``; returns its path."""
     folder = Path(folder)
@@ -48,16 +64,22 @@ def verify_manifest(folder: str | Path) -> bool:
     """Check every file listed in ``folder/manifest.json`` against its size and SHA-256.
 
     Returns:
-        True when verified; False (after one warning) when the checkpoint has no manifest.
+        True when verified; False (after one warning) when the checkpoint has no manifest and no older
+        checkpoint beside it has one (written by an older rlforge).
 
     Raises:
         CheckpointError: a listed file is missing, has another size or another hash (naming the
             file and the checkpoint), a file of the checkpoint is not listed, a listed path leaves the
-            checkpoint, or the manifest itself is unreadable.
+            checkpoint, the manifest itself is unreadable, or it is missing while an older
+            ``global_step_M`` beside the checkpoint has one (so this rlforge wrote it: deleted, not old).
     """
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
+        older = _older_with_manifest(folder)
+        if older is not None:  # this rlforge wrote manifests before this checkpoint: deleted or lost, not old
+            raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is missing, though the earlier checkpoint "
+                                  f"{older.name} has one (deleted, or not copied); its files cannot be checked")
         log.warning("checkpoint %s has no %s (written by an older rlforge): its files cannot be checked for "
                     "corruption", folder, MANIFEST)
         return False

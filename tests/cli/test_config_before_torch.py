@@ -100,3 +100,37 @@ def test_gsm8k_without_datasets_is_one_line_before_torch_loads() -> None:
     got = json.loads(done.stdout.strip().split("\n")[-1])
     assert got["status"] == 2 and not set(got["heavy"]) - {"numpy"}, done.stderr  # numpy: ~0.1 s
     assert done.stderr.count("\n") == 1 and "pip install datasets" in done.stderr
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("rlforge.cli", ["train", "data.train_files=/nonexistent/adv/train.parquet"]),
+    ("rlforge.trainer.main_ppo", ["data.train_files=builtin:arithmetic", "data.val_files=[/nonexistent/adv/test.parquet]"]),
+])
+def test_a_missing_data_file_is_reported_before_torch_loads(module: str, argv: list[str]) -> None:
+    status, heavy, _, err = run_main(module, *argv)
+    key = "data.train_files" if "train_files=/" in argv[-1] else "data.val_files"
+    path = argv[-1].split("=", 1)[1].strip("[]")
+    assert (status, heavy) == (2, [])  # verl's defaults (main_ppo) warn about vllm first: the error is the last line
+    assert err.endswith(f"rlforge: error: {key}: data file not found: {path}\n")
+
+
+@pytest.mark.parametrize("content, what", [(b"a,b\n1,2\n", "not in parquet format"), (b"", "empty"),
+                                           (b"PAR1" + b"\0" * 40, "cut short")])
+def test_a_parquet_file_that_is_not_parquet_is_reported_before_torch_loads(tmp_path, content, what) -> None:
+    bad = tmp_path / "train.parquet"
+    bad.write_bytes(content)
+    status, heavy, _, err = run_main("rlforge.cli", "train", f"data.train_files={bad}")
+    assert (status, heavy) == (2, [])
+    assert err.endswith(f"rlforge: error: data.train_files: data file {bad} is not a parquet file ({what}: a parquet "
+                        "file starts and ends with 'PAR1'); give a .parquet or .jsonl file\n")
+
+
+def test_a_real_parquet_file_passes_the_early_check(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlforge.config.data_files import _check_parquet_magic
+
+    good = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": ["x"]}), good)
+    _check_parquet_magic("data.train_files", str(good))  # no error

@@ -348,3 +348,54 @@ def test_the_shipped_python_tool_config_runs_code_in_the_sandbox():
     assert isinstance(tool, PythonExecutorTool)
     resp, _, _ = asyncio.run(tool.execute("i", {"code": "import os; print(sum(range(10)), os.getuid() != 0)"}))
     assert resp.text == "45 True\n", resp.text
+
+
+class _JunkFusion(http.server.BaseHTTPRequestHandler):
+    """Answers HTTP 200 with JSON that is not SandboxFusion's shape (the code picks which)."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        run = {"rc": {"status": "Finished", "stdout": "x", "return_code": "abc"},
+               "run": "oops", "stdout": {"status": "Finished", "stdout": 5, "return_code": 0},
+               "bool": {"status": "Finished", "stdout": "x", "return_code": True}}[body["code"]]
+        data = json.dumps({"status": "Success", "run_result": run}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("code", ["rc", "run", "stdout", "bool"])
+def test_remote_answer_of_the_wrong_shape_is_a_tool_error_naming_the_url(code):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JunkFusion)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/run_code"
+    try:
+        tool = PythonExecutorTool({"sandbox_fusion_url": url}, _schema())
+        with pytest.raises(ToolError, match=f"remote sandbox {url}: the answer is not SandboxFusion's shape"):
+            asyncio.run(tool.execute("i", {"code": code}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("key,value", [("wall_s", float("inf")), ("wall_s", float("nan")), ("cpu_s", float("inf")),
+                                       ("max_output_bytes", True), ("memory_mb", "1e999")])
+def test_limits_must_be_finite_numbers(key, value):
+    from rlforge.tools.python_executor import limits_from_config
+
+    with pytest.raises(ValueError, match=f"{key}=.*must be a finite number > 0"):
+        limits_from_config({key: value})
+
+
+@pytest.mark.parametrize("name", ["bwrap", "nsjail"])
+def test_asking_for_a_missing_sandbox_names_the_install_and_the_key(monkeypatch, name):
+    monkeypatch.setattr("rlforge.tools.sandbox_local.which", lambda _: None)
+    with pytest.raises(SandboxUnavailable) as e:
+        select_sandbox({"sandbox": name})
+    msg = str(e.value)
+    assert f"sandbox: {name}" in msg and f"`{name}` is not installed" in msg and "allow_unsandboxed: true" in msg
+    assert ("apt-get install bubblewrap" in msg) == (name == "bwrap")

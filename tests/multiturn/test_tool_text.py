@@ -132,3 +132,25 @@ def test_deeply_nested_call_is_a_parse_error_not_a_crash(body):
     (call,) = parse_hermes(f"<tool_call>{body}</tool_call>")
     assert isinstance(call, ToolCallError)
     assert "nested too deeply" in call.message or "must be a JSON object" in call.message
+
+
+class Exits(BaseTool):
+    """Raises the configured exception (user code calling ``sys.exit`` or raising ``KeyboardInterrupt``)."""
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        raise self.config["exc"]
+
+
+@pytest.mark.parametrize("exc", [SystemExit(0), KeyboardInterrupt(), GeneratorExit()], ids=lambda e: type(e).__name__)
+def test_tool_raising_systemexit_is_the_calls_error_not_the_end_of_the_run(exc):
+    tools = SampleTools({"bye": Exits({"exc": exc}, _schema("bye"))})
+    calls = [ToolCall("bye", {})]
+    (res,) = tools.finish(tools.start(calls, max_parallel=1), calls, 5.0, 1000, "middle", time.monotonic())
+    assert res.status == "error" and f"the tool raised {type(exc).__name__}" in res.text
+
+
+def test_unknown_tool_name_echo_is_cut_to_max_chars():
+    tools = SampleTools({"echo": Echo({}, _schema("echo"))})
+    calls = [ToolCall("n" * 20_000, {})]
+    (res,) = tools.finish(tools.start(calls, max_parallel=1), calls, 5.0, 100, "middle", time.monotonic())
+    assert res.status == "unknown_tool" and len(res.text) == 100 + len("...(truncated)...")

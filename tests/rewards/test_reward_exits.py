@@ -178,3 +178,40 @@ def test_int_too_large_for_a_float_is_one_reward_error(value) -> None:
     with pytest.raises(RewardError, match="expected a finite number") as e:
         call_reward_fn(lambda **kw: value, "f", 3, "ds", "s", "1", {})
     assert "sample 3" in str(e.value)
+
+
+_OS_EXIT_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+from reward_helpers import make_batch
+from rlforge.errors import RewardError
+from rlforge.models import load_tokenizer
+from rlforge.rewards import build_reward_manager
+from reward_helpers import rm_config
+tok = load_tokenizer("preset:tiny")
+mgr = build_reward_manager(rm_config({path!r}, name="compute_score", manager={manager!r}), tok)
+try:
+    mgr.score(make_batch(tok, ["1", "2", "3"], ["1", "2", "3"], ["a", "src/b", "c"]))
+except RewardError as e:
+    print(e)
+    sys.exit(7)
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("manager, body", [("naive", EXITS_ON_1.format(action="import os; os._exit(0)")),
+                                           ("batch", BATCH_EXITS.format(action="import os; os._exit(0)"))],
+                         ids=["naive", "batch"])
+def test_os_exit_in_a_reward_function_is_one_reward_error(tmp_path, manager, body) -> None:
+    """Old code: os._exit(0) in the trainer's process ended it at once, status 0, nothing printed."""
+    import os
+    import sys
+    from pathlib import Path
+
+    path = write(tmp_path, body)
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tests).parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _OS_EXIT_CHILD.format(tests=tests, path=path, manager=manager)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 7, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "called os._exit(0)" in done.stdout and "not end the process" in done.stdout

@@ -126,3 +126,15 @@ def test_a_manifest_that_does_not_describe_the_checkpoint_is_refused(tmp_path, e
         expected = "outside the checkpoint"
     with pytest.raises(CheckpointError, match=expected):
         verify_manifest(folder)
+
+
+def test_a_deleted_manifest_is_an_error_when_an_older_checkpoint_has_one(tmp_path):
+    save(tmp_path, 1)
+    folder = save(tmp_path, 2)
+    (folder / MANIFEST).unlink()  # this rlforge wrote global_step_1's: global_step_2's was deleted, not old
+    with pytest.raises(CheckpointError, match="global_step_2: manifest.json is missing, though the earlier checkpoint "
+                                              "global_step_1 has one"):
+        ckpt.pick_checkpoint("auto", tmp_path, None)
+    assert ckpt.pick_checkpoint("auto", tmp_path, None, fallback=True) == tmp_path / "global_step_1"
+    (tmp_path / "global_step_1" / MANIFEST).unlink()  # no manifest anywhere: an older rlforge's run, one warning
+    assert verify_manifest(folder) is False

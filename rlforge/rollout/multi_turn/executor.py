@@ -60,12 +60,19 @@ def truncate(text: str, max_chars: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[len(text) - (max_chars - half):]
 
 
+class ToolExit(RuntimeError):
+    """A tool (user code) raised ``SystemExit``, ``KeyboardInterrupt`` or ``GeneratorExit``: the call's error,
+    never the end of the trainer (a ``sys.exit(0)`` in a tool would otherwise end the run with status 0)."""
+
+
 def _in_thread(coro_fn: Any) -> Future:
     fut: Future = Future()
 
     def run() -> None:
         try:
             fut.set_result(asyncio.run(coro_fn()))
+        except (SystemExit, KeyboardInterrupt, GeneratorExit) as e:
+            fut.set_exception(ToolExit(f"the tool raised {type(e).__name__}({e})"))
         except BaseException as e:  # noqa: BLE001 - every failure becomes the call's status
             fut.set_exception(e)
 
@@ -125,7 +132,8 @@ class SampleTools:
 
         results = []
         for s, c in zip(started, calls, strict=True):
-            if isinstance(s, CallResult):
+            if isinstance(s, CallResult):  # its text may echo the model's own (an unknown tool's name): cut too
+                s.text = truncate(s.text, max_chars, side)
                 results.append(s)
                 continue
             try:
