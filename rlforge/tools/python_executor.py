@@ -52,6 +52,8 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
             vals[k] = cast(raw)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{k}={raw!r}: must be a finite number > 0") from None
+        if cast is int and float(raw) != vals[k]:  # 1.7 CPU seconds would silently become 1
+            raise ValueError(f"{k}={raw!r}: must be a whole number (the kernel's limit counts whole units)")
         if vals[k] <= 0:
             raise ValueError(f"{k}={raw!r}: must be > 0")
     if not isinstance(config.get(RISK_KEY, False), bool):

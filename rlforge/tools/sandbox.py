@@ -49,6 +49,9 @@ def select_sandbox(config: dict[str, Any], tool: str = "python_executor") -> San
     choice = str(config.get("sandbox", "auto"))
     if config.get("sandbox_fusion_url") and choice == "auto":
         choice = "remote"
+    if config.get("sandbox_fusion_url") and choice != "remote":  # the URL would be silently unused
+        raise ValueError(f"sandbox={choice!r} with sandbox_fusion_url={config['sandbox_fusion_url']!r}: the URL is "
+                         "only used by the remote sandbox; drop one of them (or set sandbox: remote)")
     if choice != "auto" and choice not in SANDBOXES:
         raise ValueError(f"sandbox={choice!r}: unknown; one of auto, {', '.join(SANDBOXES.names())}")
     reasons = []

@@ -399,3 +399,18 @@ def test_asking_for_a_missing_sandbox_names_the_install_and_the_key(monkeypatch,
     msg = str(e.value)
     assert f"sandbox: {name}" in msg and f"`{name}` is not installed" in msg and "allow_unsandboxed: true" in msg
     assert ("apt-get install bubblewrap" in msg) == (name == "bwrap")
+
+
+@pytest.mark.parametrize("key,value", [("cpu_s", 1.7), ("memory_mb", 512.5), ("max_processes", 2.5)])
+def test_a_fractional_whole_unit_limit_is_refused_not_truncated(key, value):
+    from rlforge.tools.python_executor import limits_from_config
+
+    with pytest.raises(ValueError, match=f"{key}=.*must be a whole number"):
+        limits_from_config({key: value})
+    assert limits_from_config({"cpu_s": 2.0}).cpu_s == 2  # a whole float is fine
+
+
+@pytest.mark.parametrize("choice", ["bwrap", "nsjail"])
+def test_a_fusion_url_beside_a_local_sandbox_is_refused(choice):
+    with pytest.raises(ValueError, match="only used by the remote sandbox"):
+        select_sandbox({"sandbox": choice, "sandbox_fusion_url": "http://127.0.0.1:9/run_code"})
