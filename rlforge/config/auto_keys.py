@@ -44,11 +44,21 @@ def auto_error(key: str) -> ConfigError:
     return ConfigError(f"{key}=auto: '{key}' has no tuner; auto is accepted only by: {', '.join(LEVER_KEYS)}")
 
 
+def _text_key(dotted: str) -> bool:
+    """Whether ``dotted`` takes text (``trainer.device``, ``trainer.resume_mode``: ``auto`` is their own value)."""
+    from rlforge.config import schema
+    from rlforge.config.root import RLForgeConfig
+
+    tp = schema.lookup(RLForgeConfig, dotted)
+    return tp is None or schema.kind_of(tp) == "free" or schema.strip_optional(tp) in (str, Any)
+
+
 def strip_auto(data: dict[str, Any], prefix: str = "") -> list[str]:
-    """Remove every ``auto`` leaf from the nested layer ``data`` in place; return their dotted keys.
+    """Remove every ``auto`` leaf of a lever key from the nested layer ``data`` in place; return their
+    dotted keys.  A key that takes text keeps ``auto`` as its value.
 
     Raises:
-        ConfigError: ``auto`` on a key outside :data:`LEVER_KEYS` (:func:`auto_error`).
+        ConfigError: ``auto`` on a key that is neither a lever nor text (:func:`auto_error`).
     """
     found: list[str] = []
     for key in list(data):
@@ -59,6 +69,8 @@ def strip_auto(data: dict[str, Any], prefix: str = "") -> list[str]:
                 del data[key]  # a block that held only auto values
         elif isinstance(value, str) and value.strip().lower() == AUTO:
             if full not in LEVER_KEYS:
+                if _text_key(full):
+                    continue
                 raise auto_error(full)
             del data[key]
             found.append(full)

@@ -111,6 +111,10 @@ def run_tune(args: argparse.Namespace) -> int:
     if dev.is_cpu:
         print("rlforge tune: cpu: levers stay as configured on a CPU; plan for a GPU with --device h100|h200")
         return 0
+    if args.probe:
+        from rlforge.tune.bench import measured_device
+
+        dev = measured_device(dev)
     plan, free = plan_config(cfg, dev), plan_config(cfg, dev, free=True)
     if args.probe:
         from rlforge.tune.probe import probe_plan

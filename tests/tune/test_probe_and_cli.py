@@ -89,3 +89,19 @@ def test_memory_check_against_a_metrics_file(tmp_path):
     row = next(r for r in table if r.stage == "update_actor")
     assert row.error == pytest.approx(row.predicted_gb / 50.0 - 1)
     assert "| update_actor |" in markdown(table)
+
+
+def test_device_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
+    from rlforge.tune.bench import measured_device
+
+    monkeypatch.setenv("RLFORGE_CACHE", str(tmp_path))
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 5e14, 3e12
+
+    first = measured_device(SPECS["H200"], measure)
+    again = measured_device(SPECS["H200"], measure)
+    assert calls == [1] and first == again and first.flops == 5e14 and first.measured
+    assert measured_device(SPECS["cpu"], measure) == SPECS["cpu"]
