@@ -9,6 +9,18 @@ Run on the GPU machine (no internet needed).  The baseline needs ``trl==1.16.0``
     python benchmarks/e2e_grpo.py --tokenizer .tok --gpus 0,1   # the four runs, two at a time, one per GPU
     python benchmarks/e2e_grpo.py --tokenizer .tok --models qwen2.5-0.5b --skip-trl --rlforge-rollout native
 
+Issue 39 (``auto``): the row "as a user runs it" beside the hand-tuned one and the benchmark's own, one run:
+
+    python benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --reps 1 --steps 3 \
+        --rlforge-setups rlforge,rlforge-hand,rlforge-auto --out e2e_auto
+    python benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --reps 1 --steps 3 --models qwen2.5-7b \
+        --prompts 32 --response-len 512 --rlforge-setups rlforge,rlforge-auto --rlforge-extra \
+        actor_rollout_ref.actor.fsdp_config.optimizer_offload=true --out e2e_auto_7b
+
+(the 7B ``rlforge`` row with ``--rlforge-extra ...optimizer_offload=true`` is the hand setting; ``rlforge-auto``
+ignores the extras).  Each run's log (``OUT/<setup>_<model>.log``) holds the tuner's table after the start
+line; ``rlforge tune --check-memory OUT/rep1/rlforge-auto_<model>`` compares its memory model with the run.
+
 Workload (the same for both frameworks; flags change it):
 - models: ``preset:qwen2.5-0.5b`` and ``preset:qwen2.5-1.5b``, random ("dummy") weights built
   from the preset config (fp32 master weights, bf16 autocast), the tokenizer of ``--tokenizer``;
@@ -227,6 +239,28 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
     return o
 
 
+HAND_TUNED = ("actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+              "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false",
+              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
+              "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768")
+"""Issue 39's hand-tuned setting (H200, 2026-12-03): liger, no checkpointing, no reshard, a 32k budget."""
+
+RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand")
+"""rlforge rows (``--rlforge-setups``): ``rlforge`` the overrides of :func:`rlforge_overrides` (the
+benchmark's own levers) plus ``--rlforge-extra``; ``rlforge-auto`` as a user runs it: the workload's keys
+only, every lever key left to the tuner (``auto``), no extras; ``rlforge-hand`` the ``rlforge`` row with
+:data:`HAND_TUNED` after it."""
+
+
+def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
+    """The overrides of rlforge row ``setup`` (:data:`RLFORGE_SETUPS`) from the benchmark's ``base``."""
+    if setup == "rlforge-auto":
+        from rlforge.config.auto_keys import LEVER_KEYS
+
+        return [o for o in base if o.partition("=")[0] not in LEVER_KEYS]
+    return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ())]
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -303,7 +337,8 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
     seqlens = [tokens / seqs] * seqs
     response = max(tokens - seqs * wl.prompt_len, 0.0)
     arr = "actor_rollout_ref"
-    if framework == "rlforge":
+    if framework.startswith("rlforge"):  # rlforge-auto: the tuner's choice is in its log, not counted here
+        rlforge_extra = [*rlforge_extra, *(HAND_TUNED if framework == "rlforge-hand" else ())]
         recompute = _extra_flag(rlforge_extra, (f"{arr}.model.enable_gradient_checkpointing",), True)
         chunked = _extra_flag(rlforge_extra, (f"{arr}.model.use_fused_kernels", f"{arr}.actor.use_fused_kernels"),
                               True)
@@ -323,12 +358,12 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
 
 
 def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path,
-                gpu: str | None = None, weights: Path | None = None) -> dict:
-    run_dir = out / f"rlforge_{model}"
+                gpu: str | None = None, weights: Path | None = None, setup: str = "rlforge") -> dict:
+    run_dir = out / f"{setup}_{model}"
+    base = rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout, weights)
     cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
-           *rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout, weights),
-           *args.rlforge_extra]
-    finished = _run(cmd, out / f"rlforge_{model}.log", args.run_time_limit, gpu)
+           *setup_overrides(setup, base, args.rlforge_extra)]
+    finished = _run(cmd, out / f"{setup}_{model}.log", args.run_time_limit, gpu)
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     summary = summarize_rlforge(rows, wl)
@@ -698,6 +733,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
+    bad_setups = [v for v in args.rlforge_setups.split(",") if v not in RLFORGE_SETUPS]
+    if bad_setups:
+        p.error(f"--rlforge-setups: unknown {bad_setups}; valid: {', '.join(RLFORGE_SETUPS)}")
     bad = [v for v in args.trl_variants.split(",") if v not in TRL_VARIANTS]
     if bad:
         p.error(f"--trl-variants: unknown {bad}; valid: {', '.join(TRL_VARIANTS)}")
@@ -756,6 +794,9 @@ def main() -> int:
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids (e.g. 0,1): run the (model, framework) runs side by side, one per GPU "
                         "at a time, each alone on its GPU; default: one after another on the visible GPU")
+    p.add_argument("--rlforge-setups", default="rlforge",
+                   help=f"comma-separated rlforge rows: {', '.join(RLFORGE_SETUPS)} (rlforge-auto: as a user runs it, "
+                   "every lever auto)")
     p.add_argument("--trl-variants", default="trl-fast,trl-cb",
                    help=f"comma-separated TRL setups, each its own row: {', '.join(TRL_VARIANTS)}")
     p.add_argument("--reps", type=int, default=3,
@@ -803,16 +844,16 @@ def main() -> int:
         rep_out.mkdir(parents=True, exist_ok=True)
         jobs: list[tuple[str, str, Callable[[str | None], dict]]] = []
         for model, w in weights.items():
-            if not args.skip_rlforge:
-                jobs.append((model, "rlforge", lambda gpu, m=model, w=w: with_generated_rate(with_mfu(
-                    run_rlforge(m, wl, args, rep_out, data, reward, gpu, w), "rlforge", m, gpu), wl)))
+            for setup in ([] if args.skip_rlforge else args.rlforge_setups.split(",")):
+                jobs.append((model, setup, lambda gpu, m=model, w=w, su=setup: with_generated_rate(with_mfu(
+                    run_rlforge(m, wl, args, rep_out, data, reward, gpu, w, su), su, m, gpu), wl)))
             for v in variants:
                 jobs.append((model, v, lambda gpu, m=model, v=v, w=w: with_generated_rate(with_mfu(
                     run_trl(m, wl, args, rep_out, data, gpu, v, w), v, m, gpu), wl)))
         return jobs
 
     done: list[list[dict[str, Any]]] = []  # the finished repetitions
-    per_rep = len(weights) * (int(not args.skip_rlforge) + len(variants))  # runs in one repetition
+    per_rep = len(weights) * ((0 if args.skip_rlforge else len(args.rlforge_setups.split(","))) + len(variants))
 
     def write(runs: list[dict[str, Any]]) -> str:
         """The tables of the finished repetitions and ``runs`` (the one in progress) into

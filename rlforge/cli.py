@@ -9,6 +9,8 @@
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
     rlforge export CHECKPOINT --out HF_DIR [--dtype D] [--model-path P] [--tokenizer-path P]
+    rlforge tune [train's config flags and overrides] [--gpus N [--nnodes M]] [--device D] [--probe]
+                 [--check-memory RUN_DIR]   (docs/tuning.md)
 
 ``rlforge train`` layers the config as: schema defaults (verl's) <- the embedded job
 (``default`` unless ``--job``, or none with ``--config-path/--config-name``) <- Hydra's
@@ -119,9 +121,11 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
 
     threads = apply_cpu_threads(cfg)  # a CPU run: torch's threads from the cores it may use
     started = announce_start(cfg, time.time() if started is None else started, threads)
+    tuned = _tune(cfg)
     hydra = [*(["--config-path", config_path] if config_path is not None else []),
              *(["--config-name", config_name] if config_name is not None else [])]
-    argv = ["--job", job or "none", *hydra, *(["--config", config_file] if config_file else []), *overrides]
+    argv = ["--job", job or "none", *hydra, *(["--config", config_file] if config_file else []), *overrides,
+            *tuned]
     with launching(started, threads):
         launched = maybe_launch(cfg, argv)
     if launched is not None:
@@ -150,6 +154,25 @@ def run_check_config(args: argparse.Namespace) -> int:
     counts = {v: sum(k.verdict == v for k in report.keys) for v in ("takes effect", "mapped", "warned")}
     _print(f"{len(report.keys)} keys: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "; none refused")
     return 0
+
+
+def _tune(cfg: object) -> list[str]:
+    """The free levers chosen for this machine (:func:`rlforge.tune.tuner.tune_at_start`), once, by the
+    user's process (launched workers get them as overrides); nothing for a launched worker."""
+    from rlforge.launch import under_launcher
+    from rlforge.trainer.builders.engines import pick_device
+    from rlforge.trainer.summary import START_ENV
+    from rlforge.tune.device import SPECS, detect
+    from rlforge.tune.tuner import tune_at_start
+
+    if under_launcher() and os.environ.get(START_ENV):  # a launched worker: the launching process tuned
+        return []
+    on_cpu = pick_device(cfg.trainer.device).type == "cpu"  # type: ignore[attr-defined]
+    return tune_at_start(cfg, SPECS["cpu"] if on_cpu else detect(), out=_print)
+
+
+_OVERRIDE_COMMANDS = ("train", "sft", "check-config", "tune")
+"""Commands that take ``key=value`` overrides (also after their flags)."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -213,8 +236,10 @@ def _build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--min-gap-ms", type=_milliseconds, metavar="X", default=0.0,
                     help="ignore gaps shorter than X ms (default 0)")
     from rlforge.trainer.export import add_export_parser
+    from rlforge.tune.cli import add_tune_parser
 
     add_export_parser(sub)
+    add_tune_parser(sub)
     return p
 
 
@@ -226,16 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] in (["train"], ["check-config"]):  # `--a.b=value` / `--a.b value` -> `a.b=value`
+        if argv[:1] in (["train"], ["check-config"], ["tune"]):  # `--a.b=value` / `--a.b value` -> `a.b=value`
             argv = [argv[0], *article_overrides(argv[1:])]
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
-        if args.command in ("train", "sft", "check-config") and extra and not all(is_override(x) for x in extra):
+        if args.command in _OVERRIDE_COMMANDS and extra and not all(is_override(x) for x in extra):
             raise UsageError(unknown_flag_message(extra))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
         return 2
-    if args.command in ("train", "sft", "check-config"):
+    if args.command in _OVERRIDE_COMMANDS:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -256,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = None if job in ("none", "") else job
             return run_train(args.overrides, args.config_file, job, args.print_config, started,
                              args.config_path, args.config_name)
+        if args.command == "tune":
+            from rlforge.tune.cli import run_tune
+
+            return run_tune(args)
         if args.command == "sft":
             from rlforge.trainer.sft_trainer import run_sft
 

@@ -24,6 +24,8 @@ from rlforge.config.yaml_file import ConfigWarning, first_line
 from rlforge.errors import ConfigError
 
 _UNSET = object()
+UNSET = _UNSET
+"""The value of a :class:`Deletion` that deletes whatever the key holds."""
 
 
 class Deletion(NamedTuple):

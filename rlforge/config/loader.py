@@ -35,8 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import schema
+from rlforge.config.auto_keys import record_auto_keys, strip_auto
 from rlforge.config.common import OptimConfig
-from rlforge.config.delete_key import Deletion, apply_deletion, parse_deletion
+from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
 from rlforge.config.root import RLForgeConfig
 from rlforge.config.user_keys import leaf_keys, record_user_keys
@@ -104,6 +105,7 @@ def load_config(
         else:
             plus = override.lstrip().startswith("+")
             layers.append(_Layer(_clean_layer(_parse_override(override), source, plus), source, True))
+    layers, autos = _without_auto(layers)
     cfg = _merge_all(layers)
     try:
         obj = OmegaConf.to_object(cfg)
@@ -113,7 +115,28 @@ def load_config(
                           f"({key}=...)") from None
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
     record_user_keys(obj, _user_keys(layers))
+    record_auto_keys(obj, autos)
     return obj
+
+
+def _without_auto(layers: Sequence[_Layer | Deletion]) -> tuple[list[_Layer | Deletion], set[str]]:
+    """The layers with every ``key=auto`` replaced by a deletion of ``key`` (back to the schema default,
+    so an earlier layer's value is dropped too), and the keys left ``auto`` at the end (a later layer's
+    value or ``~key`` takes a key back from ``auto``).  Raises ConfigError for ``auto`` on a key with no
+    tuner (:func:`rlforge.config.auto_keys.strip_auto`)."""
+    out: list[_Layer | Deletion] = []
+    autos: set[str] = set()
+    for layer in layers:
+        if isinstance(layer, Deletion):
+            autos = {k for k in autos if k != layer.key and not k.startswith(layer.key + ".")}
+            out.append(layer)
+            continue
+        found = strip_auto(layer.data)
+        autos -= leaf_keys(layer.data)
+        out += [Deletion(k, UNSET, f"{k}=auto") for k in found]
+        autos |= set(found) if layer.from_user else set()
+        out.append(layer)
+    return out, autos
 
 
 def _user_keys(layers: Sequence[_Layer | Deletion]) -> set[str]:

@@ -1,0 +1,124 @@
+"""``rlforge tune``: plan (and on a GPU with ``--probe``, measure) the levers without training.
+
+    rlforge tune [--config-path DIR --config-name NAME] [--config FILE] [--job NAME|none] [key=value ...]
+                 [--gpus N [--nnodes M]] [--device h100|h200|cpu] [--device-memory-gb X] [--probe]
+    rlforge tune --check-memory RUN_DIR [--device ...]
+
+Prints the tuning guide's table (lever | verl default | chosen | predicted memory | measured step time |
+gain), what auto would choose for the keys you set, and the override line to paste.  ``--gpus N``
+plans layouts for N GPUs from the model alone ("predicted").  ``--check-memory`` compares the memory
+model with a finished run's ``perf/max_memory_allocated_gb/<stage>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from rlforge.errors import ConfigError
+from rlforge.tune.device import SPECS, DeviceSpec, detect, fake_device
+
+
+def add_tune_parser(sub: Any) -> None:
+    """The ``tune`` sub-command's arguments on ``sub`` (argparse sub-parsers)."""
+    t = sub.add_parser("tune", help="choose the speed levers (auto values) without training",
+                       description="Plan the levers that do not change what is learned (token budgets, "
+                       "checkpointing, offload, liger, reshard, rollout memory) for this model, workload and GPU.")
+    t.add_argument("--config-path", "-cp", dest="config_path", default=None, metavar="DIR")
+    t.add_argument("--config-name", "-cn", dest="config_name", default=None, metavar="NAME")
+    t.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
+    t.add_argument("--job", default=None, help="embedded job to start from (as rlforge train)")
+    t.add_argument("--gpus", type=int, default=None, help="plan layouts for N GPUs in all (predicted)")
+    t.add_argument("--nnodes", type=int, default=None, help="nodes the --gpus are spread over")
+    t.add_argument("--device", default=None, help="plan for this device instead of the visible one: "
+                   + ", ".join(k.lower() for k in SPECS))
+    t.add_argument("--device-memory-gb", type=float, default=None, help="plan for a device of this memory")
+    t.add_argument("--probe", action="store_true", help="on a GPU, run the best candidates for a step each")
+    t.add_argument("--check-memory", default=None, metavar="RUN_DIR",
+                   help="compare the memory model with RUN_DIR/metrics.jsonl")
+    t.add_argument("overrides", nargs="*", help="key=value overrides (as rlforge train)")
+
+
+def pick_device(name: str | None, memory_gb: float | None) -> DeviceSpec:
+    """``--device`` / ``--device-memory-gb``, else the visible device."""
+    if name is not None:
+        key = name.upper() if name.lower() != "cpu" else "cpu"
+        if key not in SPECS:
+            raise ConfigError(f"--device {name}: unknown; known: {', '.join(k.lower() for k in SPECS)}")
+        dev = SPECS[key]
+    else:
+        dev = fake_device(memory_gb) if memory_gb else detect()
+    return replace(dev, memory_bytes=memory_gb * 1e9) if memory_gb else dev
+
+
+def _layouts(gpus: int, nnodes: int) -> list[tuple[int, int]]:
+    """(tp, pp) pairs for ``gpus`` GPUs: TP within a node (at most 8), PP over the rest."""
+    per_node = max(1, gpus // max(1, nnodes))
+    return [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4) if tp <= per_node and gpus % (tp * pp) == 0]
+
+
+def run_layouts(cfg: Any, dev: DeviceSpec, gpus: int, nnodes: int) -> str:
+    """The ``--gpus`` table: each layout's plan, all predicted."""
+    from rlforge.tune.apply import default_levers, fixed_levers
+    from rlforge.tune.plan import Plan, choose
+    from rlforge.tune.report import layout_table
+    from rlforge.tune.tuner import inputs_for
+    from rlforge.tune.workload import Layout
+
+    plans: list[tuple[str, Plan | str]] = []
+    for tp, pp in _layouts(gpus, nnodes):
+        lay = Layout(gpus, tp, pp, gpus // (tp * pp), nnodes)
+        inp = inputs_for(cfg, dev, lay)
+        if tp * pp > 1:
+            inp = replace(inp, workload=replace(inp.workload, strategy="megatron"))
+        name = f"FSDP {lay.fsdp} x TP {tp} x PP {pp}" + (" (strategy=megatron)" if tp * pp > 1 else "")
+        try:
+            plans.append((name, choose(inp, fixed_levers(cfg), default_levers())))
+        except ConfigError as e:
+            plans.append((name, f"does not fit: {e}"))
+    head = f"rlforge tune: predicted for {gpus} x {dev.name} over {nnodes} node(s), from the model alone (no probes)"
+    return head + "\n\n" + layout_table(plans)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """``rlforge tune``: print the plan (module doc); returns the exit status."""
+    from rlforge.config import load_config, validate_config
+
+    dev = pick_device(args.device, args.device_memory_gb)
+    if args.check_memory:
+        from pathlib import Path
+
+        from rlforge.tune.memcheck import compare, markdown, measured_peaks
+        from rlforge.tune.tuner import plan_config
+
+        run = Path(args.check_memory)
+        cfg = load_config([], config_file=str(run / "run_config.yaml"), job=None)
+        plan = plan_config(cfg, dev)  # every key is the run's: the plan evaluates exactly its levers
+        print(markdown(compare(plan.chosen.memory, measured_peaks(run / "metrics.jsonl"))))
+        return 0
+    hydra = args.config_path is not None or args.config_name is not None
+    job = args.job if args.job is not None else (None if hydra else "default")
+    cfg = load_config(list(args.overrides), config_file=args.config_file, job=None if job in ("none", "") else job,
+                      config_path=args.config_path, config_name=args.config_name)
+    validate_config(cfg)
+    if args.gpus:
+        print(run_layouts(cfg, dev, args.gpus, args.nnodes or 1))
+        return 0
+    from rlforge.tune.report import tune_table
+    from rlforge.tune.tuner import plan_config
+
+    if dev.is_cpu:
+        print("rlforge tune: cpu: levers stay as configured on a CPU; plan for a GPU with --device h100|h200")
+        return 0
+    if args.probe:
+        from rlforge.tune.bench import measured_device
+
+        dev = measured_device(dev)
+    plan, free = plan_config(cfg, dev), plan_config(cfg, dev, free=True)
+    if args.probe:
+        from rlforge.tune.probe import probe_plan
+
+        probe_plan(plan, cfg)
+    print(tune_table(plan, free))
+    return 0
