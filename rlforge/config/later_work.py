@@ -335,6 +335,12 @@ def _data_rows() -> list[LaterWork]:
                   "{key}={value}: prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model."
                   "tokenizer_path, else actor_rollout_ref.model.path), as in verl; ignored"),
         LaterWork("data.use_shm", lambda v: v is True, "{key}=True: " + up_front + "; ignored"),
+        LaterWork("data.gen_batch_size", lambda v: v[0] is not None and not v[1] and v[0] != v[2],
+                  "{key}={value[0]} sizes DAPO's generation batches, which only dynamic sampling "
+                  "(algorithm.filter_groups.enable=true) draws; without it each step generates and trains on "
+                  "data.train_batch_size={value[2]} prompts (verl's DAPO trainer would train on all {value[0]}); "
+                  "ignored",
+                  lambda c: (c.data.gen_batch_size, c.algorithm.filter_groups.enable, c.data.train_batch_size)),
         LaterWork("data.dataloader_num_workers", lambda v, d=_default(DataConfig, "dataloader_num_workers"): v != d,
                   "{key}={value}: " + up_front + " (no DataLoader workers); ignored"),
         LaterWork("data.filter_overlong_prompts_workers", lambda v: v != 1,
