@@ -33,7 +33,8 @@ from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
 from rlforge.config.rollout import RolloutConfig
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
-from rlforge.config.user_keys import user_set
+from rlforge.config.user_keys import user_set, verl_values
+from rlforge.config.verl_keys import verl_only_warnings
 from rlforge.errors import ConfigError
 
 SUPPORTED_LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
@@ -641,6 +642,7 @@ def later_work_warnings(cfg: Any) -> list[str]:
         if row.matters(value) and (value := _users_part(cfg, row, value)) is not None:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else value
             out.append(row.message.format(key=row.key, value=value, value_list=shown))
+    out += verl_only_warnings(verl_values(cfg))  # verl's keys that rlforge's schema does not type
     for name in cfg.trainer.logger:
         if name in VERL_LOGGERS:
             out.append(f"trainer.logger: '{name}' (a verl logger) is not supported by rlforge yet; skipped. "
