@@ -617,12 +617,14 @@ def test_offload_keys_take_effect(runs, tiny_model) -> None:
         assert str(info.value) == policy, (offload_policy, str(info.value))
     # on an accelerator offload_policy reaches fully_shard (the spy stops the build before any device work);
     # param_offload does not (it moves the parameters between phases instead)
-    for cfg, policy in ((FSDPConfig(offload_policy=True), "CPUOffloadPolicy"),
-                        (FSDPConfig(param_offload=True), "OffloadPolicy")):
-        with pytest.MonkeyPatch.context() as mp, pytest.raises(Sharded) as info:
-            mp.setattr(fsdp2_mod, "fully_shard", shard_spy)
-            fsdp2_mod.parallelize_fsdp2(copy.deepcopy(tiny_model), cfg, torch.device("cuda"), mesh=None)
-        assert str(info.value) == policy
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(Sharded) as info:
+        mp.setattr(fsdp2_mod, "fully_shard", shard_spy)
+        fsdp2_mod.parallelize_fsdp2(copy.deepcopy(tiny_model), FSDPConfig(offload_policy=True), torch.device("cuda"),
+                                    mesh=None)
+    assert str(info.value) == "CPUOffloadPolicy"
+    from rlforge.engine.sharded import cpu_offload_applies
+
+    assert not cpu_offload_applies(FSDPConfig(param_offload=True), torch.device("cuda"))
 
 
 @pytest.mark.e2e
