@@ -87,7 +87,9 @@ class FSDPConfig:
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     """Auto-wrap policy."""
     param_offload: bool = False
-    """Keep parameters on CPU between uses."""
+    """Keep the parameters on the CPU between phases (weight sync, log-prob passes, the update) and on the
+    GPU inside each one, as verl's FSDP workers do (FSDP1 and FSDP2; :mod:`rlforge.engine.param_offload`).
+    On a CPU run: one warning, nothing to offload to."""
     optimizer_offload: bool = False
     """Keep optimizer state on CPU between updates."""
     offload_policy: bool = False

@@ -77,6 +77,13 @@ class DataConfig:
     """Maximum generated response length in tokens."""
     train_batch_size: int = 1024
     """Prompts per training step (before ``rollout.n`` responses each)."""
+    gen_batch_size: int | None = None
+    """Prompts drawn per generation batch under DAPO's dynamic sampling (``algorithm.filter_groups.enable``):
+    batches of this many prompts are generated and scored until ``train_batch_size`` groups with a non-zero
+    reward spread are kept (the first ones, in order; the rest of the last batch is dropped), as verl's DAPO
+    recipe does; it is also the training loader's batch size, so an epoch has ``len(data) / gen_batch_size``
+    batches.  None = ``train_batch_size``.  Without dynamic sampling each step trains on ``train_batch_size``
+    prompts and a different value warns (:func:`generation_batch_size`)."""
     val_batch_size: int | None = None
     """Prompts per validation batch; None = the whole validation set in one batch."""
     tool_config_path: str | None = None
@@ -122,3 +129,12 @@ class DataConfig:
     without them."""
     builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)
     """rlforge addition: settings of built-in generated tasks."""
+
+
+def generation_batch_size(cfg: Any) -> int:
+    """Prompts per batch of the training loader: ``data.gen_batch_size`` under dynamic sampling
+    (``algorithm.filter_groups.enable``) when set, else ``data.train_batch_size``."""
+    gen = cfg.data.gen_batch_size
+    if cfg.algorithm.filter_groups.enable and gen is not None:
+        return int(gen)
+    return int(cfg.data.train_batch_size)

@@ -33,7 +33,8 @@ from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
 from rlforge.config.rollout import RolloutConfig
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
-from rlforge.config.user_keys import user_set
+from rlforge.config.user_keys import user_set, verl_values
+from rlforge.config.verl_keys import verl_only_warnings
 from rlforge.errors import ConfigError
 
 SUPPORTED_LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
@@ -335,6 +336,12 @@ def _data_rows() -> list[LaterWork]:
                   "{key}={value}: prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model."
                   "tokenizer_path, else actor_rollout_ref.model.path), as in verl; ignored"),
         LaterWork("data.use_shm", lambda v: v is True, "{key}=True: " + up_front + "; ignored"),
+        LaterWork("data.gen_batch_size", lambda v: v[0] is not None and not v[1] and v[0] != v[2],
+                  "{key}={value[0]} sizes DAPO's generation batches, which only dynamic sampling "
+                  "(algorithm.filter_groups.enable=true) draws; without it each step generates and trains on "
+                  "data.train_batch_size={value[2]} prompts (verl's DAPO trainer would train on all {value[0]}); "
+                  "ignored",
+                  lambda c: (c.data.gen_batch_size, c.algorithm.filter_groups.enable, c.data.train_batch_size)),
         LaterWork("data.dataloader_num_workers", lambda v, d=_default(DataConfig, "dataloader_num_workers"): v != d,
                   "{key}={value}: " + up_front + " (no DataLoader workers); ignored"),
         LaterWork("data.filter_overlong_prompts_workers", lambda v: v != 1,
@@ -635,6 +642,7 @@ def later_work_warnings(cfg: Any) -> list[str]:
         if row.matters(value) and (value := _users_part(cfg, row, value)) is not None:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else value
             out.append(row.message.format(key=row.key, value=value, value_list=shown))
+    out += verl_only_warnings(verl_values(cfg))  # verl's keys that rlforge's schema does not type
     for name in cfg.trainer.logger:
         if name in VERL_LOGGERS:
             out.append(f"trainer.logger: '{name}' (a verl logger) is not supported by rlforge yet; skipped. "

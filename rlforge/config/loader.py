@@ -34,13 +34,13 @@ from typing import Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlforge.config import schema
+from rlforge.config import schema, verl_keys
 from rlforge.config.auto_keys import record_auto_keys, strip_auto
 from rlforge.config.common import OptimConfig
 from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
 from rlforge.config.root import RLForgeConfig
-from rlforge.config.user_keys import leaf_keys, record_user_keys
+from rlforge.config.user_keys import leaf_keys, record_user_keys, record_verl_values
 from rlforge.config.yaml_file import ConfigWarning, first_line, read_yaml, yaml_error_message
 from rlforge.errors import ConfigError
 
@@ -59,6 +59,14 @@ class _Layer(NamedTuple):
     data: dict[str, Any]
     source: str
     from_user: bool
+    verl: dict[str, Any] = {}  # noqa: RUF012 - never mutated: each layer gets its own dict
+    """verl-only keys of the layer (dotted -> value; :mod:`rlforge.config.verl_keys`)."""
+
+
+def _layer(data: dict[str, Any], source: str, from_user: bool, plus: bool = False) -> _Layer:
+    """A checked layer of ``data`` (verl's aliases moved onto rlforge's keys, verl-only keys set aside)."""
+    verl: dict[str, Any] = {}
+    return _Layer(_clean_layer(data, source, plus, verl=verl), source, from_user, verl)
 
 
 def load_config(
@@ -91,20 +99,20 @@ def load_config(
     layers: list[_Layer | Deletion] = []
     if job is not None:
         source = f"job '{job}'"
-        layers.append(_Layer(_clean_layer(read_yaml(_job_path(job), source), source), source, False))
+        layers.append(_layer(read_yaml(_job_path(job), source), source, False))
     composed: list[ComposedLayer] = []
     if config_path is not None or config_name is not None:
         composed += compose_named(config_path, config_name)
     if config_file is not None:
         composed += compose_file(Path(config_file), f"config file '{config_file}'")
-    layers += [_Layer(_clean_layer(c.data, c.source), c.source, c.from_user) for c in composed]
+    layers += [_layer(c.data, c.source, c.from_user) for c in composed]
     for override in overrides:
         source = f"override '{override}'"
         if override.strip().startswith("~"):
             layers.append(parse_deletion(override, _canonical_key))
         else:
             plus = override.lstrip().startswith("+")
-            layers.append(_Layer(_clean_layer(_parse_override(override), source, plus), source, True))
+            layers.append(_layer(_parse_override(override), source, True, plus))
     layers, autos = _without_auto(layers)
     cfg = _merge_all(layers)
     try:
@@ -116,6 +124,7 @@ def load_config(
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
     record_user_keys(obj, _user_keys(layers))
     record_auto_keys(obj, autos)
+    record_verl_values(obj, {k: v for layer in layers if isinstance(layer, _Layer) for k, v in layer.verl.items()})
     return obj
 
 
@@ -192,8 +201,31 @@ def _parse_override(override: str) -> dict[str, Any]:
     return parsed
 
 
+def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any]) -> bool:
+    """Handle the key ``full`` that rlforge's schema lacks, if it is verl's: an alias puts its value in
+    ``moved`` (rlforge's key -> value), a group choice its settings, a verl-only key goes to ``verl``; a
+    mapping above such keys is taken leaf by leaf.  False when ``full`` is not verl's (an unknown key)."""
+    if (target := verl_keys.alias_of(full)) is not None:
+        moved[target] = value
+        return True
+    choice = verl_keys.GROUP_CHOICES.get(full, {})
+    if isinstance(value, str) and value in choice:
+        moved.update(choice[value])
+        return True
+    if verl_keys.is_verl_only(full):
+        verl[full] = value
+        return True
+    if isinstance(value, dict) and value and verl_keys.is_verl_node(full):
+        for key, sub in value.items():
+            if not _take_verl(f"{full}.{key}", sub, verl, moved):
+                raise ConfigError(f"unknown config key '{full}.{key}' (verl's {full} block has no such key)")
+        return True
+    return False
+
+
 def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool,
-           root: type = RLForgeConfig) -> dict[str, Any]:
+           root: type = RLForgeConfig, verl: dict[str, Any] | None = None,
+           moved: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check ``node`` (a layer below dataclass ``cls`` at ``prefix``) against the schema.
 
     Renames aliases, drops Hydra ``_target_`` keys, wraps a scalar given for a ``list[str]``
@@ -208,6 +240,8 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         if key in _IGNORED_KEYS:
             continue
         if key not in hints:
+            if verl is not None and moved is not None and _take_verl(full, value, verl, moved):
+                continue
             if plus:
                 shown = full + _tail(value)
                 warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
@@ -220,7 +254,7 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         kind = schema.kind_of(tp)
         if kind == "node":
             if isinstance(value, dict):
-                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root)
+                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root, verl, moved)
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
@@ -237,8 +271,31 @@ def _schema_defaults(root: type = RLForgeConfig) -> DictConfig:
     return base
 
 
-def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: type = RLForgeConfig) -> dict[str, Any]:
-    return _clean(root, layer, "", source, plus, root)
+def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: type = RLForgeConfig,
+                 verl: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``layer`` checked against ``root``; with ``verl`` (a dict to fill), verl's keys are taken
+    (:func:`_take_verl`): aliases land on rlforge's keys (after the layer's own values), verl-only keys in
+    ``verl``."""
+    moved: dict[str, Any] = {}
+    out = _clean(root, layer, "", source, plus, root, verl, moved if verl is not None else None)
+    if moved:
+        nested: dict[str, Any] = {}
+        for dotted, value in moved.items():
+            node = nested
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        _deep_update(out, _clean(root, nested, "", source, plus, root))
+    return out
+
+
+def _deep_update(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_update(into[key], value)
+        else:
+            into[key] = value
 
 
 def _merge_all(layers: Sequence[_Layer | Deletion], root: type = RLForgeConfig) -> DictConfig:

@@ -7,16 +7,18 @@ one is trained), in the role's own blocks (``fsdp_config`` is ``critic.model.fsd
 * ``strategy=megatron`` reads only the role's ``megatron`` block; ``fsdp_config.param_offload`` /
   ``optimizer_offload`` / ``offload_policy`` / ``model_dtype`` / ``mixed_precision`` set there would be
   ignored: the error names ``megatron.param_offload`` / ``optimizer_offload`` / ``dtype`` instead.
-* ``strategy=fsdp`` (FSDP1) with ``param_offload`` or ``offload_policy`` (both become FSDP1's
-  ``CPUOffload(offload_params=True)``) in a trained role whose optimizer step may accumulate
+* ``strategy=fsdp`` (FSDP1) with ``offload_policy`` (FSDP1's ``CPUOffload(offload_params=True)``)
+  in a trained role whose optimizer step may accumulate
   gradients over several micro-batches: FSDP1's CPU offload keeps only the LAST micro-batch's
   gradient when gradients accumulate outside ``no_sync()``, which is how the sharded engines
   accumulate (measured on an H200 with torch 2.11: the offloaded gradient equals the last
   micro-batch's alone; without offload, or with one micro-batch, they agree; FSDP2's
   ``CPUOffloadPolicy`` accumulates correctly).  verl turns CPU offload off for the FSDP1 actor
   for this reason ("it causes incorrect results when using grad accumulation") and reads
-  ``offload_policy`` only under FSDP2.  Fix: ``strategy=fsdp2``, or ``optimizer_offload`` alone.
-  The reference (no gradients) may offload under FSDP1.
+  ``offload_policy`` only under FSDP2.  Fix: ``strategy=fsdp2``, or ``param_offload`` (verl's meaning:
+  the parameters wait on the CPU between phases, :mod:`rlforge.engine.param_offload`, which
+  accumulates gradients as without offload, under FSDP1 and FSDP2 alike).  The reference (no
+  gradients) may use ``offload_policy`` under FSDP1.
 * fp16 in a trained role (``fsdp_config.model_dtype``, ``mixed_precision.param_dtype`` or
   ``reduce_dtype``, ``megatron.dtype=float16``): fp16 gradients need loss scaling (a grad
   scaler), which rlforge does not implement, so small gradients flush to zero and large ones
@@ -170,7 +172,7 @@ def _cpu_offload_keys(cfg: Any, role: Role, strategy: str) -> list[str]:
 def _check_offload(cfg: Any, role: Role, strategy: str) -> None:
     """CPU offload of FSDP1 under gradient accumulation.  Checked unless ``trainer.device=cpu`` (which
     does not offload): with ``auto`` the same config will offload on a GPU machine."""
-    on = _offload_keys(cfg, role, strategy)
+    on = [k for k in _offload_keys(cfg, role, strategy) if k.endswith(".offload_policy")]
     if not on or cfg.trainer.device == "cpu":
         return
     keys = " and ".join(f"{k}=true" for k in on)
@@ -181,7 +183,7 @@ def _check_offload(cfg: Any, role: Role, strategy: str) -> None:
             f"gradients accumulate over several micro-batches ({why}), so the {role.name} would silently train on a "
             f"fraction of each mini-batch (verl turns CPU offload off for the FSDP1 actor for this reason). Set "
             f"{role.strategy}=fsdp2 (its CPUOffloadPolicy accumulates correctly), or use "
-            f"{role.fsdp}.optimizer_offload=true instead")
+            f"{role.fsdp}.param_offload=true (parameters on the CPU between phases, as in verl) instead")
 
 
 def _check_fp16(cfg: Any, role: Role, strategy: str) -> None:
@@ -233,7 +235,8 @@ def _warnings(cfg: Any, run_roles: list[Role]) -> list[str]:
         if strategy == "fsdp" and get_key(cfg, f"{role.fsdp}.offload_policy") and not cpu_run(cfg.trainer.device):
             warnings.append(f"{role.fsdp}.offload_policy=true with {role.strategy}=fsdp: verl reads offload_policy "
                             "only with strategy=fsdp2 and ignores it for an FSDP1 actor; rlforge applies it as FSDP1 "
-                            "CPUOffload (parameters, gradients and the optimizer step on CPU), as param_offload=true")
+                            "CPUOffload (parameters, gradients and the optimizer step on CPU); param_offload=true is verl's "
+                            "offload for FSDP1 (parameters on the CPU between phases)")
         lr = float(get_key(cfg, f"{role.optim}.lr")) if role.optim else None
         if (role.trained and strategy != "megatron" and str(get_key(cfg, f"{role.fsdp}.model_dtype")) in _BF16
                 and lr is not None and lr < BF16_MASTER_LR):

@@ -50,3 +50,17 @@ def user_set(cfg: Any, *keys: str) -> bool:
         if any(k.startswith(key + ".") for k in given):
             return True
     return False
+
+
+_VERL_ATTR = "_rlforge_verl_values"
+
+
+def record_verl_values(cfg: Any, values: Mapping[str, Any]) -> None:
+    """Record on ``cfg`` the verl-only keys the layers gave (dotted key -> value;
+    :mod:`rlforge.config.verl_keys`), for their warnings."""
+    object.__setattr__(cfg, _VERL_ATTR, dict(values))
+
+
+def verl_values(cfg: Any) -> dict[str, Any]:
+    """The verl-only keys recorded by :func:`record_verl_values` (empty when none)."""
+    return dict(getattr(cfg, _VERL_ATTR, {}))

@@ -99,6 +99,10 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
         raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the {world.size} "
                           f"ranks ({world.source}): each rank takes an equal share of the prompts, "
                           "and the rest would be dropped every step")
+    gen = cfg.data.gen_batch_size
+    if gen is not None and cfg.algorithm.filter_groups.enable and (gen <= 0 or (world.size > 1 and gen % world.size)):
+        raise ConfigError(f"data.gen_batch_size={gen} must be positive and divisible by the {world.size} ranks "
+                          f"({world.source}): each rank generates an equal share of every generation batch")
     if not _DEVICE.match(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:

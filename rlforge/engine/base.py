@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,14 @@ class TrainEngine(ABC):
         Raises:
             NotImplementedError: an engine without weights of its own (a forward-only view).
         """
+
+    def phase(self) -> AbstractContextManager:
+        """Context around one phase of work on this engine's weights (an update of several optimizer
+        steps, a log-prob pass, a weight sync): with ``fsdp_config.param_offload`` the parameters are
+        on the device inside it and on the CPU after the outermost one ends
+        (:mod:`rlforge.engine.param_offload`).  Reentrant; the engines' own calls enter it too.
+        A no-op by default."""
+        return nullcontext()
 
     def lr_scheduler_step(self) -> float:
         """Advance the LR schedule by one RL step; return the new learning rate."""

@@ -7,14 +7,16 @@ checkpointing / offload wrappers per decoder layer → ``FullyShardedDataParalle
   ``wrap_policy.min_num_params > 0``;
 * ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` from ``mixed_precision``
   (default: bf16 compute on CUDA, fp32 on CPU; fp32 reduce);
-* ``CPUOffload(offload_params=param_offload or offload_policy)`` (parameters and gradients
-  on CPU; the optimizer step runs on CPU);
+* ``CPUOffload(offload_params=offload_policy)`` (parameters and gradients on CPU; the optimizer
+  step runs on CPU; refused under gradient accumulation by the config check);
 * ``FULL_SHARD`` (``SHARD_GRAD_OP`` when ``reshard_after_forward=False``), or
   ``HYBRID_SHARD`` (``_HYBRID_SHARD_ZERO2``) on a 2-D mesh when ``0 < fsdp_size < world``;
 * ``forward_prefetch``, ``backward_prefetch=BACKWARD_PRE``, ``limit_all_gathers=True``,
   ``use_orig_params=True`` (parameter names survive, so parameter groups work);
 
-then the optimizer and schedule.  ``optimizer_offload`` as in :mod:`rlforge.engine.fsdp2`.
+then the optimizer and schedule.  ``optimizer_offload`` as in :mod:`rlforge.engine.fsdp2`;
+``param_offload`` (verl's meaning: the flat parameters on the CPU between phases) as in
+:mod:`rlforge.engine.param_offload`, which accumulates gradients as without offload.
 Not supported: :class:`~rlforge.models.log_z.PolicyWithLogZ` (its ``forward_with_log_z``
 bypasses FSDP1's root forward); use ``strategy=fsdp2`` for a policy loss with a log Z head.
 """
@@ -42,6 +44,7 @@ from rlforge.config.common import FSDPConfig
 from rlforge.engine.activation import apply_activation_wrappers, clean_name, decoder_layers
 from rlforge.engine.base import ENGINES
 from rlforge.engine.fsdp2 import FORWARD_METHODS
+from rlforge.engine.param_offload import Mover, fsdp1_mover
 from rlforge.engine.sharded import ShardedEngine, cpu_offload_applies, mixed_precision_dtypes, to_dtype
 
 
@@ -102,6 +105,9 @@ class FSDP1Engine(ShardedEngine):
     def _clip_grad_norm(self, max_norm: float) -> float:
         return float(self.module.clip_grad_norm_(max_norm))
 
+    def _mover(self) -> Mover:
+        return fsdp1_mover(self.module)
+
     def full_params_iter(self, device: torch.device | str | None = None,
                          keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """FSDP1: the full state dict is gathered unit by unit into CPU memory on every rank
@@ -109,7 +115,7 @@ class FSDP1Engine(ShardedEngine):
         ``keep(name)`` is true, when given)."""
         dest = torch.device(device) if device is not None else self.device
         cfg = FullStateDictConfig(offload_to_cpu=self.device.type != "cpu", rank0_only=False)  # CPU: segfaults
-        with FullyShardedDataParallel.state_dict_type(self.module, StateDictType.FULL_STATE_DICT, cfg):
+        with self.phase(), FullyShardedDataParallel.state_dict_type(self.module, StateDictType.FULL_STATE_DICT, cfg):
             full = self.module.state_dict()
         for name, t in full.items():
             if keep is None or keep(clean_name(name)):

@@ -8,7 +8,7 @@ Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED mod
 3. ``fully_shard`` on each decoder layer, on each module marked ``keep_fp32`` (a policy loss's log Z
    head: its own unit with master weights and compute in float32, whatever the compute dtype),
    then on the root, with ``MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=fp32)``,
-   ``reshard_after_forward`` and ``CPUOffloadPolicy`` when ``param_offload`` or
+   ``reshard_after_forward`` and ``CPUOffloadPolicy`` when
    ``offload_policy`` on an accelerator (on a CPU device there is nothing to offload to, and
    the offload policy would pin memory, which needs an accelerator: it is left off; the config
    check warns once); mesh: 1-D over all ranks, or 2-D (replicate × shard) for HSDP when
@@ -21,13 +21,15 @@ Order of construction (as torchtitan's ``parallelize.py``), on the UNSHARDED mod
    forward and layer ``i - 1`` in backward;
 5. the optimizer (AdamW, over the sharded DTensor parameters) and the LR schedule.
 
-Offload.  ``param_offload``/``offload_policy``: FSDP2's ``CPUOffloadPolicy`` keeps the
+Offload.  ``param_offload`` (verl's meaning): the parameters wait on the CPU between phases and
+are on the GPU inside each one (:mod:`rlforge.engine.param_offload`).  ``offload_policy``:
+FSDP2's ``CPUOffloadPolicy`` keeps the
 sharded parameters and gradients in (pinned) CPU memory; each layer's shard is copied to
 the GPU for its all-gather, and the optimizer step (hence the optimizer state) runs on
 CPU: the cheapest GPU memory, the slowest step.  ``optimizer_offload`` without parameter
 offload: the AdamW moments stay on CPU between steps and visit the GPU for the step
 (2 × fp32 shard bytes each way per step).  A reference model with ``param_offload`` thus
-keeps its weights on CPU between forwards.
+keeps its weights on CPU between log-prob passes.
 
 Needs a process group (``init_distributed``; ``torchrun --nproc_per_node=1`` for one device).
 Every rank must hold identical initial weights (same seed or the same checkpoint).
@@ -133,10 +135,11 @@ class FSDP2Engine(ShardedEngine):
               max_token_len: int | None = None) -> dict[str, torch.Tensor]:
         """As :meth:`ShardedEngine.infer`, then the root unit is resharded (without a backward
         nothing else frees its parameters, which the root keeps after forward)."""
-        try:
-            return super().infer(batch, forward_fn, micro_batch_size, max_token_len)
-        finally:
-            self.module.reshard()
+        with self.phase():
+            try:
+                return super().infer(batch, forward_fn, micro_batch_size, max_token_len)
+            finally:
+                self.module.reshard()
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
@@ -150,11 +153,12 @@ class FSDP2Engine(ShardedEngine):
         """As :meth:`ShardedEngine.full_params_iter`; ``keep(name)`` False skips a tensor without
         gathering it (the same predicate on every rank)."""
         dest = torch.device(device) if device is not None else self.device
-        for name, t in self.module.state_dict().items():
-            if keep is not None and not keep(name):
-                continue
-            if isinstance(t, DTensor):
-                if t.device != self.device:  # CPUOffloadPolicy: shards on CPU, gather on the device
-                    t = t.to(self.device)
-                t = t.full_tensor()
-            yield name, t.detach().to(dest)
+        with self.phase():
+            for name, t in self.module.state_dict().items():
+                if keep is not None and not keep(name):
+                    continue
+                if isinstance(t, DTensor):
+                    if t.device != self.device:  # CPUOffloadPolicy: shards on CPU, gather on the device
+                        t = t.to(self.device)
+                    t = t.full_tensor()
+                yield name, t.detach().to(dest)

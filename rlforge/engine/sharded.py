@@ -47,6 +47,7 @@ from rlforge.engine.base import (
 from rlforge.engine.distributed import all_reduce_max, all_reduce_sum, get_world_size
 from rlforge.engine.optim import build_optimizer, build_scheduler
 from rlforge.engine.optim_offload import OffloadedOptimizer
+from rlforge.engine.param_offload import Mover, ParamOffload, module_mover
 from rlforge.engine.staging import combine_micro_metrics, saved_work, stage
 
 ParamGroupSpec = Callable[[nn.Module], list[dict[str, Any]]] | Sequence[tuple[Callable[[str], bool], float]]
@@ -87,10 +88,11 @@ def mixed_precision_dtypes(fsdp_cfg: Any, device: torch.device) -> tuple[torch.d
 
 
 def cpu_offload_applies(fsdp_cfg: Any, device: torch.device) -> bool:
-    """Whether ``param_offload``/``offload_policy`` take effect: set, and the compute device is an
+    """Whether FSDP's own CPU offload (``offload_policy``: FSDP2 ``CPUOffloadPolicy``, FSDP1 ``CPUOffload``)
+    takes effect: set, and the compute device is an
     accelerator (a CPU run already keeps everything in host memory;
     :func:`rlforge.config.precision.check_precision_and_offload` warns about it)."""
-    return bool(fsdp_cfg.param_offload or fsdp_cfg.offload_policy) and device.type != "cpu"
+    return bool(fsdp_cfg.offload_policy) and device.type != "cpu"
 
 
 def build_param_groups(module: nn.Module, spec: ParamGroupSpec | None, base_lr: float) -> list[Any]:
@@ -137,6 +139,9 @@ class ShardedEngine(TrainEngine):
     offloaded: OffloadedOptimizer | None = None
     """The host-resident optimizer state with ``fsdp_config.optimizer_offload`` (without
     parameter offload, which already runs the optimizer on the CPU); else None."""
+    param_offload: ParamOffload | None = None
+    """The parameters on the CPU between phases with ``fsdp_config.param_offload`` on an accelerator
+    (not with ``offload_policy``, whose parameters already live on the CPU); else None."""
     trainable_state_only: bool = False
     """``state_dict`` holds only the parameters that train (a LoRA adapter: the frozen base is not
     saved) and ``load_state_dict`` expects exactly those; set by the job builder."""
@@ -167,6 +172,16 @@ class ShardedEngine(TrainEngine):
         self._build_optimizer(optim_cfg, param_groups, total_steps, optim_key)
         if self.optimizer is not None and cfg.optimizer_offload and not cpu_offload_applies(cfg, device):
             self.offloaded = OffloadedOptimizer(self.optimizer, device)
+        if cfg.param_offload and device.type != "cpu" and not cpu_offload_applies(cfg, device):
+            enable_param_offload(self)
+
+    def _mover(self) -> Mover:
+        """How this strategy moves its parameters between host and device (:mod:`rlforge.engine.param_offload`)."""
+        return module_mover(self.module)
+
+    def phase(self) -> AbstractContextManager:
+        """As :meth:`TrainEngine.phase`: the parameter offload's phase, or a no-op."""
+        return self.param_offload.phase() if self.param_offload is not None else nullcontext()
 
     def _shard(self, module: nn.Module, cfg: Any, gradient_checkpointing: bool, activation_offload: bool) -> nn.Module:
         """Apply this strategy's sharding to ``module`` on ``self.device``/``self.mesh``."""
@@ -199,6 +214,11 @@ class ShardedEngine(TrainEngine):
     def infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
               max_token_len: int | None = None) -> dict[str, torch.Tensor]:
         """As :meth:`TrainEngine.infer`; rows come back in ``batch``'s order."""
+        with self.phase():
+            return self._infer(batch, forward_fn, micro_batch_size, max_token_len)
+
+    def _infer(self, batch: Batch, forward_fn: ForwardFn, micro_batch_size: int,
+               max_token_len: int | None) -> dict[str, torch.Tensor]:
         was_training = self.module.training
         self.module.eval()
         micros, order = self._split(batch, micro_batch_size, max_token_len)
@@ -231,6 +251,11 @@ class ShardedEngine(TrainEngine):
 
     def train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
                    max_token_len: int | None = None) -> dict[str, float]:
+        with self.phase():
+            return self._train_step(mini_batch, loss_fn, micro_batch_size, max_token_len)
+
+    def _train_step(self, mini_batch: Batch, loss_fn: LossFn, micro_batch_size: int,
+                    max_token_len: int | None) -> dict[str, float]:
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (forward-only model)")
         self.module.train()
@@ -276,6 +301,10 @@ class ShardedEngine(TrainEngine):
         the tensors (DCP's ``cpu_offload`` with ``full_state_dict``), the others empty dicts.
         Keys are the plain module's; the optimizer state is in ``torch.optim``'s own
         (integer-keyed) format, so the tests' single-process reference engine loads it and vice versa."""
+        with self.phase():
+            return self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         if self.optimizer is None:
             model, optim = get_model_state_dict(self.module, options=self._OPTS), None
         else:
@@ -298,6 +327,10 @@ class ShardedEngine(TrainEngine):
             ValueError: with :attr:`trainable_state_only`, a model state whose keys are not
                 exactly the trainable parameters' (e.g. a full fine-tuning checkpoint).
         """
+        with self.phase():
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         opts = StateDictOptions(full_state_dict=True, strict=not self.trainable_state_only)
         if self.trainable_state_only:
             want = self._trainable_names()
@@ -332,7 +365,17 @@ class ShardedEngine(TrainEngine):
     @torch.no_grad()
     def sync_to(self, target: nn.Module) -> None:
         """As :meth:`TrainEngine.sync_to`."""
-        copy_full_params(self.full_params_iter(), target)
+        with self.phase():
+            copy_full_params(self.full_params_iter(), target)
+
+
+def enable_param_offload(engine: ShardedEngine) -> ParamOffload:
+    """Give ``engine`` a :class:`~rlforge.engine.param_offload.ParamOffload` (its strategy's mover) and
+    move its parameters to the CPU now.  The engines call it for ``fsdp_config.param_offload`` on an
+    accelerator; the CPU tests call it directly (a real CPU-to-CPU round trip)."""
+    engine.param_offload = ParamOffload(engine._mover(), engine.device)
+    engine.param_offload.offload()
+    return engine.param_offload
 
 
 def _fqn_to_index(optim: dict[str, Any]) -> dict[str, Any]:

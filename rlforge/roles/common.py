@@ -54,6 +54,15 @@ def run_updates(
     gradient norm is not finite was skipped by the engine; that is reported on stderr.
     """
     minis = [m for _ in range(epochs) for m in data.split(mini_batch_size)]
+    with engine.phase():  # one phase for the whole update (param_offload moves the weights once)
+        rows, saved = _steps(engine, minis, loss_fn, micro_batch_size, max_token_len, desc)
+    metrics = mean_metrics(rows)
+    metrics["lr"] = engine.lr
+    return UpdateResult(metrics, saved)
+
+
+def _steps(engine: TrainEngine, minis: list[Batch], loss_fn: LossFn, micro_batch_size: int,
+           max_token_len: int | None, desc: str) -> tuple[list[dict[str, float]], tuple[float, float]]:
     rows: list[dict[str, float]] = []
     saved = (0.0, 0.0)
     for mini in progress_bar(minis, desc=desc, unit="step", leave=False):
@@ -64,6 +73,4 @@ def run_updates(
             print(f"rlforge: warning: {desc}: gradient norm is {row['grad_norm']}; optimizer step skipped",
                   file=sys.stderr, flush=True)
         rows.append(row)
-    metrics = mean_metrics(rows)
-    metrics["lr"] = engine.lr
-    return UpdateResult(metrics, saved)
+    return rows, saved

@@ -582,9 +582,10 @@ def test_read_elsewhere_table_is_needed_and_real(runs) -> None:
 
 @pytest.mark.e2e
 def test_offload_keys_take_effect(runs, tiny_model) -> None:
-    """``optimizer_offload`` gives the actor host-resident optimizer state; ``param_offload`` makes the
+    """``optimizer_offload`` gives the actor host-resident optimizer state; ``offload_policy`` makes the
     FSDP2 engine shard with ``CPUOffloadPolicy`` on an accelerator: seen at its first ``fully_shard``
-    call, where the build is stopped.  On a CPU run (nothing to offload to; FSDP's CPU offload needs
+    call, where the build is stopped (``param_offload``, verl's phase offload, does not: its effect is
+    tested in ``tests/engine/test_param_offload.py``).  On a CPU run (nothing to offload to; FSDP's CPU offload needs
     an accelerator) it is left off, with one warning."""
     import copy
 
@@ -608,18 +609,22 @@ def test_offload_keys_take_effect(runs, tiny_model) -> None:
     def shard_spy(module, **kw):
         raise Sharded(type(kw.get("offload_policy")).__name__)
 
-    for param_offload, policy in ((True, "OffloadPolicy"), (False, "OffloadPolicy")):  # CPU: never offloaded
+    for offload_policy, policy in ((True, "OffloadPolicy"), (False, "OffloadPolicy")):  # CPU: never offloaded
         with pytest.MonkeyPatch.context() as mp, pytest.raises(Sharded) as info:
             mp.setattr(fsdp2_mod, "fully_shard", shard_spy)
             ENGINES.get("fsdp2")(copy.deepcopy(tiny_model), torch.device("cpu"),
-                                 fsdp_config=FSDPConfig(param_offload=param_offload), optim_cfg=None)
-        assert str(info.value) == policy, (param_offload, str(info.value))
-    # on an accelerator the key reaches fully_shard (the spy stops the build before any device work)
+                                 fsdp_config=FSDPConfig(offload_policy=offload_policy), optim_cfg=None)
+        assert str(info.value) == policy, (offload_policy, str(info.value))
+    # on an accelerator offload_policy reaches fully_shard (the spy stops the build before any device work);
+    # param_offload does not (it moves the parameters between phases instead)
     with pytest.MonkeyPatch.context() as mp, pytest.raises(Sharded) as info:
         mp.setattr(fsdp2_mod, "fully_shard", shard_spy)
-        fsdp2_mod.parallelize_fsdp2(copy.deepcopy(tiny_model), FSDPConfig(param_offload=True), torch.device("cuda"),
+        fsdp2_mod.parallelize_fsdp2(copy.deepcopy(tiny_model), FSDPConfig(offload_policy=True), torch.device("cuda"),
                                     mesh=None)
     assert str(info.value) == "CPUOffloadPolicy"
+    from rlforge.engine.sharded import cpu_offload_applies
+
+    assert not cpu_offload_applies(FSDPConfig(param_offload=True), torch.device("cuda"))
 
 
 @pytest.mark.e2e

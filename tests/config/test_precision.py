@@ -40,15 +40,15 @@ MEGATRON = [f"{A}.strategy=megatron", "trainer.n_gpus_per_node=2"]
          [f"{A}.fsdp_config.mixed_precision.params_dtype: unknown key", "param_dtype, reduce_dtype, buffer_dtype"]),
         ([f"{A}.fsdp_config.model_dtype=half"], [f"{A}.fsdp_config.model_dtype='half': expected one of"]),
         # FSDP1's CPU offload keeps only the last micro-batch's gradient
-        ([f"{A}.strategy=fsdp", f"{A}.fsdp_config.param_offload=true", f"{A}.ppo_micro_batch_size_per_gpu=8"],
-         [f"{A}.fsdp_config.param_offload=true with {A}.strategy=fsdp", "keeps only the last micro-batch's gradient",
+        ([f"{A}.strategy=fsdp", f"{A}.fsdp_config.offload_policy=true", f"{A}.ppo_micro_batch_size_per_gpu=8"],
+         [f"{A}.fsdp_config.offload_policy=true with {A}.strategy=fsdp", "keeps only the last micro-batch's gradient",
           f"{A}.ppo_micro_batch_size_per_gpu=8 splits each rank's mini-batch of 256 sequences into 32",
-          f"Set {A}.strategy=fsdp2", f"{A}.fsdp_config.optimizer_offload=true instead"]),
+          f"Set {A}.strategy=fsdp2", f"{A}.fsdp_config.param_offload=true (parameters on the CPU between phases"]),
         ([f"{A}.strategy=fsdp", f"{A}.fsdp_config.offload_policy=true", f"{A}.use_dynamic_bsz=true"],
          [f"{A}.fsdp_config.offload_policy=true with {A}.strategy=fsdp", f"{A}.use_dynamic_bsz=true packs"]),
-        (["algorithm.adv_estimator=gae", "critic.strategy=fsdp", "critic.model.fsdp_config.param_offload=true",
+        (["algorithm.adv_estimator=gae", "critic.strategy=fsdp", "critic.model.fsdp_config.offload_policy=true",
           "critic.ppo_micro_batch_size_per_gpu=4"],
-         ["critic.model.fsdp_config.param_offload=true with critic.strategy=fsdp", "the critic would silently"]),
+         ["critic.model.fsdp_config.offload_policy=true with critic.strategy=fsdp", "the critic would silently"]),
     ],
 )
 def test_refused(overrides, needles):
@@ -71,7 +71,11 @@ def test_refused(overrides, needles):
         # the critic's blocks matter only when a critic is trained
         ["algorithm.adv_estimator=grpo", "+critic.model.fsdp_config.mixed_precision.param_dtype=fp16"],
         # FSDP1 offload with one micro-batch per optimizer step, or in the reference, is correct
-        [f"{A}.strategy=fsdp", f"{A}.fsdp_config.param_offload=true"],
+        [f"{A}.strategy=fsdp", f"{A}.fsdp_config.offload_policy=true"],
+        # param_offload is verl's phase offload: gradient accumulation is as without it (FSDP1 and FSDP2)
+        [f"{A}.strategy=fsdp", f"{A}.fsdp_config.param_offload=true", f"{A}.ppo_micro_batch_size_per_gpu=8"],
+        ["algorithm.adv_estimator=gae", "critic.strategy=fsdp", "critic.model.fsdp_config.param_offload=true",
+         "critic.ppo_micro_batch_size_per_gpu=4", "trainer.device=cuda"],
         [f"{A}.strategy=fsdp", f"{A}.ppo_micro_batch_size_per_gpu=8", f"{A}.use_kl_loss=true",
          "actor_rollout_ref.ref.fsdp_config.param_offload=true"],
         # FSDP2's CPUOffloadPolicy accumulates correctly; optimizer offload on CPU is a no-op

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from rlforge.config.data import generation_batch_size
 from rlforge.data import PromptLoader, load_rl_dataset
 from rlforge.engine.distributed import init_distributed, init_single_process
 from rlforge.launch import under_launcher
@@ -67,7 +68,9 @@ def build_data(cfg: Any, tokenizer: Any, seed: int) -> DataParts:
     """
     tools = prompt_tool_schemas(cfg)  # rendered by the chat template's tools= where it renders them
     train_ds = load_rl_dataset(cfg.data.train_files, tokenizer, cfg.data, split="train", tools=tools)
-    train = PromptLoader(train_ds, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
+    gen_bs = generation_batch_size(cfg)  # data.gen_batch_size under DAPO's dynamic sampling
+    key = "data.gen_batch_size" if gen_bs != cfg.data.train_batch_size else "data.train_batch_size"
+    train = PromptLoader(train_ds, gen_bs, shuffle=cfg.data.shuffle, seed=seed, batch_size_key=key)
     val = None
     if cfg.data.val_files:
         val_ds = load_rl_dataset(cfg.data.val_files, tokenizer, cfg.data, split="val", tools=tools)
