@@ -30,7 +30,7 @@ from rlforge.config.common import (
 from rlforge.config.critic import CriticConfig
 from rlforge.config.data import CustomClsConfig, DataConfig
 from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
-from rlforge.config.rollout import RolloutConfig
+from rlforge.config.rollout import VERL_ROLLOUTS, RolloutConfig
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
 from rlforge.config.user_keys import user_set, verl_values
@@ -415,7 +415,7 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "FSDP or local engine; got use_remove_padding={value[1]}, strategy={value[2]}; ignored",
               lambda c: (c.actor_rollout_ref.actor.use_prefix_grouper, c.actor_rollout_ref.model.use_remove_padding,
                          c.actor_rollout_ref.actor.strategy)),
-    LaterWork(f"{_ARR}.rollout.name", lambda v: v in ("vllm", "sglang"),
+    LaterWork(f"{_ARR}.rollout.name", lambda v: v in VERL_ROLLOUTS,
               "{key}={value} is not available in this build; running rlforge's native engine instead "
               "(hf where the model is not Llama/Qwen-family)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,

@@ -22,9 +22,10 @@ def lora_enabled(model_cfg: Any) -> bool:
 def lora_strategy(strategy: str, model_cfg: Any) -> str:
     """The engine a role's ``strategy`` runs with LoRA on: FSDP1 (``fsdp``) cannot train a flat
     parameter that mixes the frozen base with the adapter after a no-grad forward (torch's
-    ``use_orig_params`` assertion, measured on torch 2.13 CPU), so LoRA runs on ``fsdp2``
-    (validation warns); other strategies unchanged."""
-    return "fsdp2" if strategy == "fsdp" and lora_enabled(model_cfg) else strategy
+    ``use_orig_params`` assertion, measured on torch 2.13 CPU), and the tensor/pipeline-parallel
+    engine (``megatron``) has no LoRA yet, so LoRA runs on ``fsdp2`` for both (validation warns);
+    other strategies unchanged."""
+    return "fsdp2" if strategy in ("fsdp", "megatron") and lora_enabled(model_cfg) else strategy
 
 
 def check_lora_keys(model_cfg: Any, node: str) -> None:

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rlforge.config.rollout import VERL_ROLLOUTS
 from rlforge.errors import ConfigError
 
 _ARR = "actor_rollout_ref"
@@ -51,9 +52,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reward_model.num_workers": (lambda v: v >= 0, ">= 1 processes, or 0 for the CPU count (at most 16)"),
     "trainer.gpu_sample_interval_s": (lambda v: v >= 0, ">= 0 (0 = no GPU sampling)"),
     "trainer.profile_steps": (lambda v: v is None or all(s >= 1 for s in v), "null or a list of steps >= 1"),
-    # rollout backends: hf and native here; verl's vllm and sglang run as native (or hf) with a warning
-    f"{_ARR}.rollout.name": (lambda v: v in ("hf", "native", "vllm", "sglang"),
-                             "hf or native (or verl's vllm / sglang, run as native where it applies)"),
+    # rollout backends: hf and native here; verl's vllm, sglang and trtllm run as native (or hf) with a warning
+    f"{_ARR}.rollout.name": (lambda v: v in ("hf", "native", *VERL_ROLLOUTS),
+                             "hf or native (or verl's vllm / sglang / trtllm, run as native where it applies)"),
     f"{_ARR}.rollout.max_num_seqs": (lambda v: v >= 1, ">= 1"),
     f"{_ARR}.rollout.max_num_batched_tokens": (lambda v: v >= 1, ">= 1"),
     f"{_ARR}.rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),

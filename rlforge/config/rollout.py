@@ -29,13 +29,19 @@ class SamplingConfig:
     """Sample (True) or decode greedily (False)."""
 
 
+VERL_ROLLOUTS: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+"""verl's rollout backends: accepted as ``rollout.name`` and run as rlforge's ``native`` engine (``hf``
+where the native runner does not reproduce the model), with a warning."""
+
+
 @dataclass
 class RolloutConfig:
     """Generation of responses during training."""
 
     name: str = "vllm"
     """Backend: ``native`` (rlforge's paged-KV engine) | ``hf`` (transformers ``generate``) | ``vllm`` |
-    ``sglang`` (accepted: run as ``native`` for Llama/Qwen-family models, else ``hf``, with a warning)."""
+    ``sglang`` | ``trtllm`` (verl's; accepted: run as ``native`` for Llama/Qwen-family models, else ``hf``,
+    with a warning)."""
     mode: str = "async"
     """``sync`` | ``async`` server mode of verl's backends (no effect here: the rollout runs in the training process)."""
     temperature: float = 1.0

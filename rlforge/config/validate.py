@@ -164,7 +164,7 @@ def _check_multi_turn(cfg: RLForgeConfig) -> None:
 
 def _check_lora(cfg: RLForgeConfig) -> list[str]:
     """The LoRA keys of the policy and the critic (:func:`rlforge.config.lora.check_lora_keys`);
-    LoRA is refused under ``strategy=megatron`` and runs ``strategy=fsdp`` as ``fsdp2`` (a warning;
+    LoRA runs ``strategy=fsdp`` and ``strategy=megatron`` as ``fsdp2`` (a warning;
     :func:`rlforge.config.lora.lora_strategy`).  The model-dependent checks run when it is applied."""
     out: list[str] = []
 
@@ -175,8 +175,9 @@ def _check_lora(cfg: RLForgeConfig) -> list[str]:
         check_lora_keys(model, node)
         out += adapter_path_overrides(model, node)
         if lora_enabled(model) and strategy == "megatron" and (node != "critic.model" or uses_critic(cfg)):
-            raise ConfigError(f"{node}.lora_rank={model.lora_rank} with {strategy_key}=megatron: LoRA is not built "
-                              f"for tensor/pipeline parallelism yet; use {strategy_key}=fsdp2")
+            out.append(f"{strategy_key}=megatron with {node}.lora_rank={model.lora_rank}: LoRA is not built for "
+                       f"tensor/pipeline parallelism yet; running {strategy_key}=fsdp2 (the model sharded over every "
+                       "GPU; the megatron parallel sizes are not used)")
         if lora_enabled(model) and strategy == "fsdp" and (node != "critic.model" or uses_critic(cfg)):
             out.append(f"{strategy_key}=fsdp with {node}.lora_rank={model.lora_rank}: LoRA trains on the FSDP2 engine "
                        f"(FSDP1 cannot train the adapter beside the frozen base); running {strategy_key}=fsdp2")

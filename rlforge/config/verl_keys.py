@@ -255,6 +255,10 @@ VERL_ONLY: dict[str, Any] = {
     'reward_model.load_weight': True,
     "model_engine": "dp",
     "trainer.use_v1": False,
+    # set by verl's example scripts and example YAML files, outside the generated configs
+    "actor_rollout_ref.model.torch_dtype": None,
+    "critic.model.torch_dtype": None,
+    f"{_O}.sglang_rollout_mode": None,
 }
 VERL_ONLY = {k: v for k, v in VERL_ONLY.items() if k not in ALIASES and not k.endswith(".optim.warmup_style")}
 """Every verl leaf key rlforge neither types nor aliases (``optim.warmup_style`` is an alias of the loader's
@@ -263,7 +267,7 @@ its ``${...}`` text, is silent)."""
 
 OPEN_PREFIXES: tuple[str, ...] = (
     "distillation.", "trainer.v1.", f"{_A}.veomni.", f"{_R}.veomni.", "critic.veomni.", "critic.model.veomni.",
-    f"{_O}.checkpoint_engine.engine_kwargs.",
+    f"{_O}.checkpoint_engine.engine_kwargs.", f"{_O}.server.",
 )
 """Blocks of newer verl whose every sub-key is accepted; a value that is not null/empty/false warns."""
 
@@ -282,6 +286,8 @@ REASONS: tuple[tuple[str, str], ...] = (
     ("*.forward_only", "verl sets it per role; rlforge's reference is forward-only already"),
     ("*.fsdp_config.strategy", "the engine is the role's strategy key (actor_rollout_ref.actor.strategy, "
      "critic.strategy)"),
+    ("*.model.torch_dtype", "the master dtype is fsdp_config.model_dtype and the compute dtype "
+     "fsdp_config.mixed_precision.param_dtype"),
     ("*.fsdp_config.dtype", "the master dtype is fsdp_config.model_dtype and the compute dtype "
      "fsdp_config.mixed_precision.param_dtype"),
     ("*.rollout_n", "the responses per prompt are actor_rollout_ref.rollout.n"),

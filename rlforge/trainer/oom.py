@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from rlforge.config.common import get_key
+from rlforge.config.rollout import VERL_ROLLOUTS
 from rlforge.errors import DeviceOutOfMemory
 
 GiB = float(2**30)
@@ -79,9 +80,9 @@ _A, _R, _RO = f"{_ARR}.actor", f"{_ARR}.ref", f"{_ARR}.rollout"
 _ACTOR_OFFLOAD = _offload(f"{_A}.strategy", _A, _A)
 _CHUNKED_HEAD = Knob(f"{_ARR}.model.use_fused_kernels")
 _GEN = (
-    Knob(f"{_RO}.gpu_memory_utilization", lower=True, when=(f"{_RO}.name", ("native", "vllm", "sglang"))),
-    Knob(f"{_RO}.max_num_seqs", lower=True, when=(f"{_RO}.name", ("native", "vllm", "sglang"))),
-    Knob(f"{_RO}.max_num_batched_tokens", lower=True, when=(f"{_RO}.name", ("native", "vllm", "sglang"))),
+    Knob(f"{_RO}.gpu_memory_utilization", lower=True, when=(f"{_RO}.name", ("native", *VERL_ROLLOUTS))),
+    Knob(f"{_RO}.max_num_seqs", lower=True, when=(f"{_RO}.name", ("native", *VERL_ROLLOUTS))),
+    Knob(f"{_RO}.max_num_batched_tokens", lower=True, when=(f"{_RO}.name", ("native", *VERL_ROLLOUTS))),
     *_offload(f"{_A}.strategy", _A, _A, params=False),  # the AdamW moments leave the GPU between updates
 )
 

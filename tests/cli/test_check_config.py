@@ -46,9 +46,6 @@ def test_cli_with_verl_config_name(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("override, line", [
     ("trainer.device=npu", "rlforge: error: trainer.device=npu: Ascend NPUs (torch_npu) are not supported; "
                            "rlforge runs on NVIDIA CUDA GPUs or the CPU (set trainer.device=cuda, cpu or auto)\n"),
-    (f"{_ARR}.rollout.name=trtllm", f"rlforge: error: {_ARR}.rollout.name=trtllm: a TensorRT-LLM rollout is not "
-                                    "available in rlforge; set rollout.name=native (rlforge's engine, which also runs "
-                                    "verl's vllm and sglang settings) or hf (transformers' generate)\n"),
     (f"{_ARR}.actor.optim.lrr=1e-6", f"rlforge: error: unknown config key '{_ARR}.actor.optim.lrr'; did you mean "
                                      f"'{_ARR}.actor.optim.lr'?\n"),
 ])
@@ -74,3 +71,10 @@ def test_check_config_imports_no_torch() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert json.loads(done.stdout.splitlines()[-1]) == [0, []], done.stderr
+
+
+def test_verl_rollout_backends_run_as_native_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("vllm", "sglang", "trtllm"):
+        assert main(["check-config", f"{_ARR}.rollout.name={name}"]) == 0
+        out = capsys.readouterr().out
+        assert f"{_ARR}.rollout.name: warned" in out and "running rlforge's native engine instead" in out, out

@@ -14,51 +14,18 @@ from pathlib import Path
 import pytest
 from verl_examples_harness import Outcome, load_fixture, run_entry
 
-PENDING_UNKNOWN_KEYS: dict[str, str] = {
-    # verl keys rlforge's schema does not have yet: the h-schema branch makes every leaf key of verl's
-    # generated configs known.  Empty this list once it is merged (the test then says which remain).
-    "actor_rollout_ref.actor.freeze_vision_tower": "verl schema key",
-    "actor_rollout_ref.actor.fsdp_config.strategy": "verl schema key",
-    "actor_rollout_ref.actor.fsdp_config.use_orig_params": "verl schema key",
-    "actor_rollout_ref.actor.megatron.vanilla_mbridge": "verl schema key (megatron config)",
-    "actor_rollout_ref.actor.optim.clip_grad": "verl schema key (maps onto grad_clip)",
-    "actor_rollout_ref.actor.optim.lr_decay_style": "verl schema key (megatron config)",
-    "actor_rollout_ref.actor.router_replay": "verl schema key",
-    "actor_rollout_ref.model.lora": "verl schema key (megatron config; maps onto the flat LoRA keys)",
-    "actor_rollout_ref.model.mtp": "verl schema key",
-    "actor_rollout_ref.rollout.checkpoint_engine": "verl schema key",
-    "actor_rollout_ref.rollout.data_parallel_size": "verl schema key",
-    "actor_rollout_ref.rollout.enable_rollout_routing_replay": "verl schema key",
-    "actor_rollout_ref.rollout.expert_parallel_size": "verl schema key",
-    "actor_rollout_ref.rollout.prometheus": "verl schema key",
-    "actor_rollout_ref.rollout.skip_tokenizer_init": "verl schema key",
-    "reward_model.rollout": "verl schema key",
-    "reward_model.use_reward_loop": "verl schema key",
-    # not in verl's generated configs: set by a script (torch_dtype) or added by an example's YAML file
-    # (Hydra lets a config file add keys); the schema work decides what they mean
-    "actor_rollout_ref.model.torch_dtype": "not in verl's generated configs (cispo example)",
-    "actor_rollout_ref.rollout.server": "not in verl's generated configs (gsm8k_multiturn_grpo_server.yaml)",
-    "actor_rollout_ref.rollout.sglang_rollout_mode": "not in verl's generated configs "
-                                                     "(gsm8k_multiturn_grpo_server.yaml)",
-}
+PENDING_UNKNOWN_KEYS: dict[str, str] = {}
 """Unknown-key refusals another branch removes: the check re-sends them as ``++key`` and goes on."""
 
-PENDING_REFUSED_VALUES: dict[str, str] = {
-    "actor_rollout_ref.actor.fsdp_config.param_offload":
-        "h-schema: verl's FSDP1 param_offload moves the weights to the CPU between phases; rlforge refuses "
-        "FSDP1's in-step CPU offload under gradient accumulation",
-    "critic.model.fsdp_config.param_offload": "h-schema: as the actor's param_offload",
-}
+PENDING_REFUSED_VALUES: dict[str, str] = {}
 """Values verl accepts that rlforge refuses until another branch lands: dropped, and the check goes on."""
 
 HARDWARE_REFUSALS: dict[str, tuple[str, str]] = {
     # (this script also sets sp_size after $((.../sp_size)) uses it: its token budgets stay at 16384 < 32768)
     "examples/gspo_trainer/run_qwen3_32b_gspo_npu.sh": ("trainer.device=npu", "Ascend NPU"),
-    "examples/grpo_trainer/run_qwen2-7b_math_trtllm.sh": ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
-    "examples/grpo_trainer/run_qwen2-7b_math_megatron_trtllm.sh": ("actor_rollout_ref.rollout.name=trtllm",
-                                                                   "TensorRT-LLM"),
 }
-"""Scripts whose values name hardware or a backend rlforge cannot have: {script: (key=value, what)}."""
+"""Scripts whose values name hardware rlforge cannot have: {script: (key=value, what)}.  (verl's rollout
+backends, trtllm included, run as rlforge's native engine with a warning.)"""
 
 SCRIPT_FAULTS: dict[str, tuple[str, str]] = {
     "examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh": (

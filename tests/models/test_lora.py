@@ -191,6 +191,7 @@ def _prompts(batch):
 
 def test_bad_targets_and_keys(tiny_model):
     import rlforge.config
+    from rlforge.config.lora import lora_strategy
     from rlforge.config import validate_config
 
     with pytest.raises(ConfigError, match=r"target_modules: \['qq_proj'\] match no module.*q_proj"):
@@ -204,12 +205,13 @@ def test_bad_targets_and_keys(tiny_model):
                            ("critic.model.lora_alpha=32", "critic.model.lora_alpha=32")):
         with pytest.raises(ConfigError, match=text):
             validate_config(rlforge.config.load_config([override]))
-    with pytest.raises(ConfigError, match="megatron"):
-        validate_config(rlforge.config.load_config(["actor_rollout_ref.model.lora_rank=8",
-                                                    "actor_rollout_ref.actor.strategy=megatron"]))
-    warnings = validate_config(rlforge.config.load_config(["actor_rollout_ref.model.lora_rank=8",
-                                                           "actor_rollout_ref.actor.strategy=fsdp"]))
-    assert any("running actor_rollout_ref.actor.strategy=fsdp2" in w for w in warnings), warnings
+    for strategy in ("fsdp", "megatron"):  # verl's megatron LoRA scripts run, on the FSDP2 engine
+        cfg = rlforge.config.load_config(["actor_rollout_ref.model.lora_rank=8",
+                                          f"actor_rollout_ref.actor.strategy={strategy}"])
+        warnings = validate_config(cfg)
+        assert any(f"strategy={strategy} with" in w and "running actor_rollout_ref.actor.strategy=fsdp2" in w
+                   for w in warnings), warnings
+        assert lora_strategy(strategy, cfg.actor_rollout_ref.model) == "fsdp2"
 
 
 def test_adapter_path_overrides_explicit_keys_with_a_warning(trained, tmp_path):
