@@ -191,8 +191,8 @@ def _prompts(batch):
 
 def test_bad_targets_and_keys(tiny_model):
     import rlforge.config
-    from rlforge.config.lora import lora_strategy
     from rlforge.config import validate_config
+    from rlforge.config.lora import lora_strategy
 
     with pytest.raises(ConfigError, match=r"target_modules: \['qq_proj'\] match no module.*q_proj"):
         apply_lora(copy.deepcopy(tiny_model), SimpleNamespace(**{**vars(lora_cfg()), "target_modules": ["qq_proj"]}),
