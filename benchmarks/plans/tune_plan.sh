@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 39 on the device machine: the tuner's rows of e2e_grpo.py (as a user runs it: every lever auto) beside
+# verl's defaults and the hand-tuned setting, its memory model against the runs, the planner's time, and the
+# CUDA tests of param_offload. Run from the repository root:
+#
+#   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
+#   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
+# Logs go to /tmp/gplan and are copied to $OUT when the call returns.
+#
+# Needs, carried: .whl/ (omegaconf, antlr4-python3-runtime, tensordict, pyvers, gguf, liger-kernel) and .tok/
+# (a saved tokenizer).
+set -u
+REPO=$PWD
+OUT=${OUT:-/tmp/out}
+P=/tmp/tplan
+mkdir -p "$OUT" "$P"
+cmd=${1:-wait}
+if [ "$cmd" = start ]; then  # relaunch this script detached, so the steps outlive one call
+  rm -f "$P"/*; setsid nohup bash "$0" run "${2:-cuda auto05 mem plan}" > "$P/plan.log" 2>&1 < /dev/null &
+  cmd=wait; shift
+fi
+if [ "$cmd" = wait ]; then
+  end=$((SECONDS + ${2:-540}))
+  while [ ! -e "$P/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  cp "$P"/*.txt "$P"/plan.log "$OUT"/ 2>/dev/null
+  [ -e "$P/done" ] && echo "all steps done" || echo "still running"
+  for f in "$P"/*.txt; do echo "== $f"; tail -22 "$f"; done
+  exit 0
+fi
+OUT=$P
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "$REPO"/.whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PYTEST="python3 -m pytest -q -p no:cacheprovider -rs"
+
+E2E="python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --rlforge-setups rlforge,rlforge-hand,rlforge-auto"
+step_cuda() {  # param_offload in verl's meaning on CUDA, and the engine's CUDA tests
+  timeout -k 5 ${CUDA_LIMIT:-240} $PYTEST tests/engine/test_param_offload.py tests/engine/test_engine_cuda.py \
+    > "$OUT/cuda.txt" 2>&1
+}
+step_auto05() {  # 0.5B: verl's defaults, hand-tuned, auto; 5 measured steps after 1 warm-up, 3 repetitions
+  timeout -k 5 ${AUTO_LIMIT:-1500} $E2E --models qwen2.5-0.5b --reps ${REPS:-3} --out /tmp/e2e05 > "$OUT/auto05.txt" 2>&1
+  cp /tmp/e2e05/*.md /tmp/e2e05/*.json "$OUT"/ 2>/dev/null
+  grep -h -A25 "rlforge tune\|levers" /tmp/e2e05/rlforge-auto_*.log 2>/dev/null | head -60 > "$OUT/auto05_table.txt"
+}
+step_mem() {  # the memory model against each auto run's perf/max_memory_allocated_gb/<stage>
+  local d
+  for d in /tmp/e2e05/rep*/rlforge-auto_* /tmp/e2e05/rep*/rlforge-hand_* /tmp/e2e15/rep*/rlforge-auto_*; do
+    [ -d "$d" ] || continue
+    echo "== $d" >> "$OUT/mem.txt"; timeout -k 5 60 python3 -m rlforge.cli tune --check-memory "$d" >> "$OUT/mem.txt" 2>&1
+  done
+}
+step_plan() {  # the planner on this GPU (its time printed), and the 8-GPU layout for 7B
+  local w="algorithm.adv_estimator=grpo actor_rollout_ref.actor.strategy=fsdp2 data.train_batch_size=64 \
+actor_rollout_ref.rollout.n=8 data.max_prompt_length=256 data.max_response_length=1024 \
+actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.rollout.name=native"
+  { t=$SECONDS; python3 -m rlforge.cli tune --job none actor_rollout_ref.model.path=preset:qwen2.5-7b $w
+    echo "plan 7B: $((SECONDS - t)) s (the whole command)"
+    python3 -m rlforge.cli tune --job none --gpus 8 actor_rollout_ref.model.path=preset:qwen2.5-7b $w; } > "$OUT/plan.txt" 2>&1
+}
+step_auto15() {  # 1.5B: hand-tuned and auto, one repetition each (budget)
+  timeout -k 5 ${AUTO15_LIMIT:-900} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-1.5b \
+    --rlforge-setups rlforge-hand,rlforge-auto --reps 1 --out /tmp/e2e15 > "$OUT/auto15.txt" 2>&1
+  cp /tmp/e2e15/*.md "$OUT"/auto15.md 2>/dev/null
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+for s in ${2:-cuda auto05 mem plan}; do
+  t0=$SECONDS; "step_$s"; echo "step $s: rc=$? $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+done
+touch "$P/done"
