@@ -37,8 +37,12 @@ from rlforge.errors import RLForgeError
 
 
 def _library_environment() -> None:
-    """Environment the Hugging Face libraries read at import: set before any of them loads."""
+    """Environment the Hugging Face libraries read at import: set before any of them loads.  Output to a
+    file or pipe gets no progress bars: tqdm reads ``TQDM_DISABLE`` for every bar, also those that libraries
+    draw with tqdm directly (transformers' GGUF conversion) or before rlforge can quiet them."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def _quiet_libraries() -> None:

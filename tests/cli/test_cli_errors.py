@@ -192,3 +192,24 @@ def test_data_gsm8k_without_src_offline(tmp_path, capfd, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", fake)
     user_error(in_process(capfd, "data", "gsm8k", "--out", str(tmp_path / "out")), "offline", "--src DIR")
     assert not (tmp_path / "out").exists()
+
+
+def test_no_progress_bars_when_output_is_not_a_terminal(monkeypatch):
+    """tqdm reads TQDM_DISABLE when a bar is made, also for bars that libraries draw directly (transformers'
+    GGUF conversion): set for a file or pipe, left alone on a terminal or when the user set it."""
+    import io
+
+    from rlforge import cli
+
+    for tty, preset, expected in ((False, None, "1"), (True, None, None), (False, "0", "0")):
+        if preset is None:
+            monkeypatch.delenv("TQDM_DISABLE", raising=False)
+        else:
+            monkeypatch.setenv("TQDM_DISABLE", preset)
+        stream = io.StringIO()
+        stream.isatty = lambda tty=tty: tty  # type: ignore[method-assign]
+        monkeypatch.setattr(cli.sys, "stderr", stream)
+        cli._library_environment()
+        import os
+
+        assert os.environ.get("TQDM_DISABLE") == expected, (tty, preset)
