@@ -264,7 +264,10 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         kind = schema.kind_of(tp)
         if kind == "node":
             if isinstance(value, dict):
+                given = bool(value)
                 value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root, verl, moved, table)
+                if given and not value:  # every key in it was verl's (moved or set aside): not the user's block
+                    continue
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
