@@ -7,7 +7,8 @@ through ``later_work.LATER_WORK``), an alias here (:data:`ALIASES`: the value go
 verl-only key here (:data:`VERL_ONLY`, with verl's default): accepted, and a value other than verl's
 default warns with the reason (:data:`REASONS`) and what rlforge does instead.  Newer verl blocks whose
 sub-keys are all accepted and warned: :data:`OPEN_PREFIXES`.  ``tests/config/test_verl_schema.py`` checks
-the whole generated configs against this.
+the whole generated configs against this.  :class:`KeyTable` bundles one entry point's tables: :data:`PPO`
+here, the SFT trainer's in :mod:`rlforge.config.verl_sft_keys`; the module-level functions are :data:`PPO`'s.
 """
 
 from __future__ import annotations
