@@ -6,7 +6,8 @@ Each key the user set (an override's leaves, a ``--config``/``--config-name`` fi
 verdict:
 
 * ``takes effect``: rlforge reads it, under verl's name;
-* ``mapped -> KEY``: an older verl name that sets rlforge's ``KEY`` (:data:`rlforge.config.loader.KEY_ALIASES`);
+* ``mapped -> KEY``: a verl name that sets rlforge's ``KEY`` (an older spelling,
+  :data:`rlforge.config.loader.KEY_ALIASES`, or :data:`rlforge.config.verl_keys.ALIASES`);
 * ``warned (WHY)``: accepted, and a warning line names it (``config/later_work.py``, a value rlforge
   replaces, a ``+key`` that rlforge does not have).
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from rlforge.config import verl_keys
 from rlforge.config.loader import _canonical_key, load_config
 from rlforge.config.user_keys import leaf_keys, user_keys
 from rlforge.config.validate import validate_config
@@ -79,13 +81,13 @@ def check_config(overrides: Sequence[str] = (), config_file: str | None = None, 
               if issubclass(w.category, ConfigWarning | RLForgeWarning) and str(w.message) not in lines]
     written = _written_keys(overrides)
     recorded = user_keys(cfg) or frozenset()
-    keys = written + sorted(k for k in recorded if k not in {_canonical_key(w) for w in written})
+    keys = written + sorted(k for k in recorded if k not in {verl_keys.alias_of(w) or _canonical_key(w) for w in written})
     used: set[str] = set()
     verdicts = []
     for key in dict.fromkeys(keys):
         why = [w for w in lines if _names(w, key)]
         used.update(why)
-        canonical = _canonical_key(key)
+        canonical = verl_keys.alias_of(key) or _canonical_key(key)
         if why:
             verdicts.append(KeyVerdict(key, WARNED, "; ".join(why)))
         elif canonical != key:

@@ -201,47 +201,57 @@ def _parse_override(override: str) -> dict[str, Any]:
     return parsed
 
 
-def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any]) -> bool:
-    """Handle the key ``full`` that rlforge's schema lacks, if it is verl's: an alias puts its value in
-    ``moved`` (rlforge's key -> value), a group choice its settings, a verl-only key goes to ``verl``; a
-    mapping above such keys is taken leaf by leaf.  False when ``full`` is not verl's (an unknown key)."""
-    if (target := verl_keys.alias_of(full)) is not None:
+def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any],
+               table: verl_keys.KeyTable = verl_keys.PPO) -> bool:
+    """Handle the key ``full`` that rlforge's schema lacks, if it is verl's (``table``): an alias puts its
+    value in ``moved`` (rlforge's key -> value), a group choice its settings, a verl-only key goes to
+    ``verl``; a mapping above such keys is taken leaf by leaf (also below a group choice of the same name,
+    e.g. the SFT trainer's ``profiler`` block).  False when ``full`` is not verl's (an unknown key)."""
+    if (target := table.alias_of(full)) is not None:
         moved[target] = value
         return True
-    choice = verl_keys.GROUP_CHOICES.get(full, {})
+    choice = table.group_choices.get(full, {})
     if isinstance(value, str) and value in choice:
         moved.update(choice[value])
         return True
-    if verl_keys.is_verl_only(full):
-        verl[full] = value
-        return True
-    if isinstance(value, dict) and value and verl_keys.is_verl_node(full):
+    whole = full in table.verl_only and full not in table.group_choices  # a verl-only key with a mapping value
+    if isinstance(value, dict) and value and table.is_verl_node(full) and not whole:
         for key, sub in value.items():
-            if not _take_verl(f"{full}.{key}", sub, verl, moved):
+            if key not in _IGNORED_KEYS and not _take_verl(f"{full}.{key}", sub, verl, moved, table):
                 raise ConfigError(f"unknown config key '{full}.{key}' (verl's {full} block has no such key)")
+        return True
+    if table.is_verl_only(full):
+        verl[full] = value
         return True
     return False
 
 
 def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool,
            root: type = RLForgeConfig, verl: dict[str, Any] | None = None,
-           moved: dict[str, Any] | None = None) -> dict[str, Any]:
+           moved: dict[str, Any] | None = None, table: verl_keys.KeyTable = verl_keys.PPO) -> dict[str, Any]:
     """Check ``node`` (a layer below dataclass ``cls`` at ``prefix``) against the schema.
 
-    Renames aliases, drops Hydra ``_target_`` keys, wraps a scalar given for a ``list[str]``
-    field, and drops unknown keys with a warning when ``plus`` (else raises).
+    Renames aliases (an older spelling given as null is verl's "not set" and dropped), drops Hydra
+    ``_target_`` keys, wraps a scalar given for a ``list[str]`` field, takes verl's keys of ``table``
+    (with ``verl`` and ``moved``; a group choice given for a schema block too, e.g. the SFT trainer's
+    ``engine=fsdp``), and drops unknown keys with a warning when ``plus`` (else raises).
     """
     hints = schema.field_types(cls)
     aliases = KEY_ALIASES.get(cls, {})
     out: dict[str, Any] = {}
     for raw_key, value in node.items():
         key = aliases.get(str(raw_key), str(raw_key))
+        if key != str(raw_key) and value is None:
+            continue
         full = f"{prefix}{key}"
         if key in _IGNORED_KEYS:
             continue
-        if key not in hints:
-            if verl is not None and moved is not None and _take_verl(full, value, verl, moved):
+        takes = verl is not None and moved is not None
+        if takes and (key not in hints or (isinstance(value, str) and full in table.group_choices)):
+            assert verl is not None and moved is not None  # narrowed for the type checker
+            if _take_verl(full, value, verl, moved, table):
                 continue
+        if key not in hints:
             if plus:
                 shown = full + _tail(value)
                 warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
@@ -254,7 +264,10 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         kind = schema.kind_of(tp)
         if kind == "node":
             if isinstance(value, dict):
-                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root, verl, moved)
+                given = bool(value)
+                value = _clean(schema.strip_optional(tp), value, f"{full}.", source, plus, root, verl, moved, table)
+                if given and not value:  # every key in it was verl's (moved or set aside): not the user's block
+                    continue
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
@@ -272,12 +285,12 @@ def _schema_defaults(root: type = RLForgeConfig) -> DictConfig:
 
 
 def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: type = RLForgeConfig,
-                 verl: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``layer`` checked against ``root``; with ``verl`` (a dict to fill), verl's keys are taken
+                 verl: dict[str, Any] | None = None, table: verl_keys.KeyTable = verl_keys.PPO) -> dict[str, Any]:
+    """``layer`` checked against ``root``; with ``verl`` (a dict to fill), verl's keys of ``table`` are taken
     (:func:`_take_verl`): aliases land on rlforge's keys (after the layer's own values), verl-only keys in
     ``verl``."""
     moved: dict[str, Any] = {}
-    out = _clean(root, layer, "", source, plus, root, verl, moved if verl is not None else None)
+    out = _clean(root, layer, "", source, plus, root, verl, moved if verl is not None else None, table)
     if moved:
         nested: dict[str, Any] = {}
         for dotted, value in moved.items():
@@ -328,24 +341,33 @@ def _merge_run(base: DictConfig, run: list[_Layer], root: type = RLForgeConfig) 
     return merged
 
 
-def load_schema(root: type, overrides: Sequence[str] = (), config_file: str | None = None) -> Any:
+def load_schema(root: type, overrides: Sequence[str] = (), config_file: str | None = None,
+                verl_table: verl_keys.KeyTable | None = None) -> Any:
     """The dataclass ``root`` (another entry point's schema, e.g. the SFT trainer's) built from its
     defaults <- ``config_file`` <- ``overrides``, with the same grammar and errors as :func:`load_config`
     (unknown key: one :class:`ConfigError` naming the closest key of ``root``).
 
+    Args:
+        verl_table: that entry point's verl keys (aliases, verl-only keys, group choices), taken as
+            :func:`load_config` takes :data:`rlforge.config.verl_keys.PPO`; None = none.
+
     Returns:
-        an instance of ``root`` with interpolations resolved (not validated).
+        an instance of ``root`` with interpolations resolved (not validated), carrying the verl-only
+        keys given (:func:`rlforge.config.user_keys.verl_values`).
     Raises:
         ConfigError: as :func:`load_config`.
     """
     layers: list[_Layer | Deletion] = []
+    raw: list[tuple[dict[str, Any], str, bool]] = []
     if config_file is not None:
-        source = f"config file '{config_file}'"
-        layers.append(_Layer(_clean_layer(read_yaml(Path(config_file), source), source, root=root), source, True))
+        raw.append((read_yaml(Path(config_file), f"config file '{config_file}'"), f"config file '{config_file}'", False))
     for override in overrides:
-        source = f"override '{override}'"
-        plus = override.lstrip().startswith("+")
-        layers.append(_Layer(_clean_layer(_parse_override(override), source, plus, root), source, True))
+        raw.append((_parse_override(override), f"override '{override}'", override.lstrip().startswith("+")))
+    for data, source, plus in raw:
+        verl: dict[str, Any] = {}
+        cleaned = _clean_layer(data, source, plus, root, verl if verl_table is not None else None,
+                               verl_table or verl_keys.PPO)
+        layers.append(_Layer(cleaned, source, True, verl))
     cfg = _merge_all(layers, root)
     try:
         obj = OmegaConf.to_object(cfg)
@@ -354,6 +376,7 @@ def load_schema(root: type, overrides: Sequence[str] = (), config_file: str | No
         raise ConfigError(f"cannot resolve config key '{key}': {first_line(e)}; set {key} to a value "
                           f"({key}=...)") from None
     assert isinstance(obj, root)  # internal invariant, not user input
+    record_verl_values(obj, {k: v for layer in layers if isinstance(layer, _Layer) for k, v in layer.verl.items()})
     return obj
 
 

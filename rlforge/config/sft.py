@@ -4,9 +4,12 @@ Key names follow verl's SFT trainer (``verl/trainer/config/sft_trainer_engine.ya
 ``1dda039``, and the older ``sft_trainer.yaml`` of ``fsdp_sft_trainer.py``): ``data.*``, ``model.*``,
 ``optim.*``, ``trainer.*``.  Older spellings are accepted as aliases: ``model.partial_pretrain`` =
 ``model.path``; ``optim.lr_scheduler`` and ``optim.warmup_style`` = ``optim.lr_scheduler_type``;
-``optim.warmup_steps_ratio`` = ``optim.lr_warmup_steps_ratio``.  Every key here takes effect
-(:mod:`rlforge.trainer.sft_trainer`); a key verl has and this schema lacks is refused with the
-closest valid key, as ``rlforge train`` does.  Torch-free: loading and checking the config imports no torch.
+``optim.warmup_steps_ratio`` = ``optim.lr_warmup_steps_ratio``.  ``engine.*`` is the FSDP block of verl's
+``engine: fsdp`` group (rlforge's :class:`~rlforge.config.common.FSDPConfig`, as a PPO role's ``fsdp_config``).
+Every key here takes effect (:mod:`rlforge.trainer.sft_trainer`).  verl's other SFT keys (both of its
+SFT trainers') map onto these or are accepted with a warning (:mod:`rlforge.config.verl_sft_keys`); any
+other key is refused with the closest valid key, as ``rlforge train`` does.  Torch-free: loading and
+checking the config imports no torch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlforge.config.actor import DEFAULT_MODEL
+from rlforge.config.common import FSDPConfig
 from rlforge.config.data import BuiltinTaskConfig
+from rlforge.config.sft_engine_check import check_sft_engine
 from rlforge.errors import ConfigError, RLForgeWarning
 
 TRUNCATION = ("error", "left", "right")
@@ -77,6 +82,9 @@ class SFTModelConfig:
     """Entries set on the model's HF config before it is built (e.g. ``attn_implementation``)."""
     enable_gradient_checkpointing: bool = True
     """Recompute each decoder layer's activations in backward."""
+    enable_activation_offload: bool = False
+    """Keep the checkpointed activations in host memory until backward (as ``rlforge train``'s
+    ``actor_rollout_ref.model.enable_activation_offload``)."""
     use_remove_padding: bool = True
     """Padding-free forward: the micro-batch's samples packed into one row."""
     lora_rank: int = 0
@@ -87,8 +95,12 @@ class SFTModelConfig:
     """Modules given a LoRA adapter: ``all-linear``, a list of names, or one regex."""
     exclude_modules: Any = None
     """Modules excluded from LoRA; None = none."""
+    lora_adapter_path: str | None = None
+    """A peft adapter folder to go on training (its ``adapter_config.json`` sets the rank, alpha and targets;
+    LoRA is on even with ``lora_rank=0``); None = a new adapter when ``lora_rank`` > 0."""
     strategy: str = "fsdp2"
-    """Training engine: ``fsdp2`` or ``fsdp`` (FSDP1); one code path for 1..N ranks (older verl's key)."""
+    """Training engine: ``fsdp2`` or ``fsdp`` (FSDP1); one code path for 1..N ranks (older verl's key; the
+    newer trainer's is ``engine.strategy``, an alias)."""
 
 
 @dataclass
@@ -150,6 +162,10 @@ class SFTConfig:
 
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    engine: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP sharding, offload and dtypes of the trained model (verl's ``engine`` block; older verl's
+    ``model.fsdp_config``): ``param_offload`` keeps the weights on the CPU between steps,
+    ``offload_policy`` is FSDP's own CPU offload, as for ``rlforge train``'s ``fsdp_config``."""
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
 
@@ -170,10 +186,11 @@ def load_sft_config(overrides: Sequence[str] = (), config_file: str | None = Non
         ConfigError: unknown key (naming the closest valid one), wrong type, or a refused value.
     """
     from rlforge.config.loader import KEY_ALIASES, load_schema
+    from rlforge.config.verl_sft_keys import SFT
 
     for cls, aliases in SFT_KEY_ALIASES.items():
         KEY_ALIASES.setdefault(cls, dict(aliases))
-    cfg = load_schema(SFTConfig, overrides, config_file)
+    cfg = load_schema(SFTConfig, overrides, config_file, verl_table=SFT)
     for line in validate_sft_config(cfg):
         warnings.warn(line, RLForgeWarning, stacklevel=2)
     return cfg
@@ -191,7 +208,8 @@ def _check_positive(key: str, value: float) -> None:
 
 def validate_sft_config(cfg: SFTConfig) -> list[str]:
     """Cross-field checks of the SFT config (values only; the world size is checked at start).
-    Returns the warnings (verl loggers rlforge skips).
+    Returns the warnings: verl loggers rlforge skips, verl's keys that change nothing here
+    (:mod:`rlforge.config.verl_sft_keys`), engine settings that do not apply.
 
     Raises:
         ConfigError: naming the key and the fix.
@@ -216,7 +234,15 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
         raise ConfigError(f"trainer.total_training_steps={t.total_training_steps}: must be > 0 (or null)")
     if t.total_training_steps is None and t.total_epochs <= 0:
         raise ConfigError(f"trainer.total_epochs={t.total_epochs}: must be > 0")
-    return _logger_warnings(list(t.logger))
+    return [*_logger_warnings(list(t.logger)), *_verl_warnings(cfg), *check_sft_engine(cfg)]
+
+
+def _verl_warnings(cfg: SFTConfig) -> list[str]:
+    from rlforge.config.lora import adapter_path_overrides
+    from rlforge.config.user_keys import verl_values
+    from rlforge.config.verl_sft_keys import SFT
+
+    return [*SFT.warnings(verl_values(cfg)), *adapter_path_overrides(cfg.model, "model")]
 
 
 def _logger_warnings(loggers: list[str]) -> list[str]:

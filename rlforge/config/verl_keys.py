@@ -7,12 +7,15 @@ through ``later_work.LATER_WORK``), an alias here (:data:`ALIASES`: the value go
 verl-only key here (:data:`VERL_ONLY`, with verl's default): accepted, and a value other than verl's
 default warns with the reason (:data:`REASONS`) and what rlforge does instead.  Newer verl blocks whose
 sub-keys are all accepted and warned: :data:`OPEN_PREFIXES`.  ``tests/config/test_verl_schema.py`` checks
-the whole generated configs against this.
+the whole generated configs against this.  :class:`KeyTable` bundles one entry point's tables: :data:`PPO`
+here, the SFT trainer's in :mod:`rlforge.config.verl_sft_keys`; the module-level functions are :data:`PPO`'s.
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 VERL_PIN = "b178a3c (0.8.0.dev)"
@@ -331,38 +334,84 @@ REASONS: tuple[tuple[str, str], ...] = (
 """``(fnmatch pattern, reason)``: the first pattern that matches a verl-only key gives its warning."""
 
 
+@dataclass(frozen=True)
+class KeyTable:
+    """One entry point's verl key tables (the PPO trainer's: :data:`PPO`; the SFT trainer's:
+    :data:`rlforge.config.verl_sft_keys.SFT`), applied by the loader."""
+
+    aliases: Mapping[str, str]
+    """verl key -> rlforge key (the value is set on rlforge's key)."""
+    verl_only: Mapping[str, Any]
+    """verl key -> verl's default: accepted, a value other than the default warns."""
+    open_prefixes: tuple[str, ...]
+    """Blocks whose every sub-key is accepted; a value that is not null/empty/false warns."""
+    reasons: tuple[tuple[str, str], ...]
+    """``(fnmatch pattern, reason)``: the first match gives a verl-only key's warning."""
+    group_choices: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    """Hydra group choices (``key=choice``): the rlforge settings each known choice makes."""
+
+    def alias_of(self, dotted: str) -> str | None:
+        """rlforge's key for the verl key ``dotted``; None when it is not an alias."""
+        return self.aliases.get(dotted)
+
+    def is_verl_only(self, dotted: str) -> bool:
+        """Whether ``dotted`` is a verl leaf key that rlforge accepts and warns about."""
+        return dotted in self.verl_only or dotted.startswith(self.open_prefixes)
+
+    def is_verl_node(self, dotted: str) -> bool:
+        """Whether ``dotted`` is a block above verl-only keys or aliases (a YAML file may give it as a mapping)."""
+        head = dotted + "."
+        return (any(k.startswith(head) for k in (*self.open_prefixes, *self.verl_only, *self.aliases))
+                or dotted.startswith(self.open_prefixes))
+
+    def reason(self, dotted: str) -> str:
+        """Why the verl-only key ``dotted`` changes nothing here, and what rlforge does instead."""
+        for pattern, why in self.reasons:
+            if fnmatch.fnmatchcase(dotted, pattern):
+                return why
+        return "a verl setting rlforge has no counterpart for"
+
+    def matters(self, dotted: str, value: Any) -> bool:
+        """Whether ``value`` of the verl-only key ``dotted`` differs from verl's default (worth a warning)."""
+        if dotted in self.verl_only:
+            default = self.verl_only[dotted]
+            return not (value == default or (isinstance(value, list | tuple) and list(value) == default))
+        return value not in (None, False, "", {}, [])
+
+    def warnings(self, values: Mapping[str, Any]) -> list[str]:
+        """One line per verl-only key in ``values`` (dotted key -> the user's value) whose value matters."""
+        return [f"{k}={v}: {self.reason(k)}; ignored" for k, v in sorted(values.items()) if self.matters(k, v)]
+
+
+PPO = KeyTable(ALIASES, VERL_ONLY, OPEN_PREFIXES, REASONS, GROUP_CHOICES)
+"""The PPO trainer's tables (``rlforge train``, ``python -m rlforge.trainer.main_ppo``)."""
+
+
 def alias_of(dotted: str) -> str | None:
-    """rlforge's key for the verl key ``dotted``; None when it is not an alias."""
-    return ALIASES.get(dotted)
+    """rlforge's key for the verl key ``dotted`` (:data:`PPO`); None when it is not an alias."""
+    return PPO.alias_of(dotted)
 
 
 def is_verl_only(dotted: str) -> bool:
-    """Whether ``dotted`` is a verl leaf key that rlforge accepts and warns about."""
-    return dotted in VERL_ONLY or dotted.startswith(OPEN_PREFIXES)
+    """Whether ``dotted`` is a verl leaf key of the PPO config that rlforge accepts and warns about."""
+    return PPO.is_verl_only(dotted)
 
 
 def is_verl_node(dotted: str) -> bool:
-    """Whether ``dotted`` is a block above verl-only keys or aliases (a YAML file may give it as a mapping)."""
-    head = dotted + "."
-    return any(k.startswith(head) for k in (*OPEN_PREFIXES, *VERL_ONLY, *ALIASES)) or dotted.startswith(OPEN_PREFIXES)
+    """Whether ``dotted`` is a block above the PPO config's verl-only keys or aliases."""
+    return PPO.is_verl_node(dotted)
 
 
 def reason(dotted: str) -> str:
-    """Why the verl-only key ``dotted`` changes nothing here, and what rlforge does instead."""
-    for pattern, why in REASONS:
-        if fnmatch.fnmatchcase(dotted, pattern):
-            return why
-    return "a verl setting rlforge has no counterpart for"
+    """Why the PPO config's verl-only key ``dotted`` changes nothing here, and what rlforge does instead."""
+    return PPO.reason(dotted)
 
 
 def matters(dotted: str, value: Any) -> bool:
-    """Whether ``value`` of the verl-only key ``dotted`` differs from verl's default (worth a warning)."""
-    if dotted in VERL_ONLY:
-        default = VERL_ONLY[dotted]
-        return not (value == default or (isinstance(value, list | tuple) and list(value) == default))
-    return value not in (None, False, "", {}, [])
+    """Whether ``value`` of the PPO config's verl-only key ``dotted`` differs from verl's default."""
+    return PPO.matters(dotted, value)
 
 
 def verl_only_warnings(values: dict[str, Any]) -> list[str]:
-    """One line per verl-only key in ``values`` (dotted key -> the user's value) whose value matters."""
-    return [f"{k}={v}: {reason(k)}; ignored" for k, v in sorted(values.items()) if matters(k, v)]
+    """One line per verl-only key of the PPO config in ``values`` whose value matters."""
+    return PPO.warnings(values)

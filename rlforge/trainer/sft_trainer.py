@@ -4,7 +4,8 @@ verl's SFT keys (:mod:`rlforge.config.sft`).  The same pieces as ``rlforge train
 loader, the training engine (``model.strategy``: FSDP2 or FSDP1, one code path for 1..N ranks: a
 plain ``python`` launch runs a one-rank process group, ``torchrun --nproc_per_node=N`` N ranks),
 the padding-free forward (``model.use_remove_padding``), token-budget micro-batches
-(``data.use_dynamic_bsz``), LoRA, the checkpoint writer.
+(``data.use_dynamic_bsz``), LoRA, the checkpoint writer.  ``engine.*`` are the engine's FSDP settings
+(sharding, ``param_offload``/``optimizer_offload``/``offload_policy``, dtypes), as a PPO role's ``fsdp_config``.
 
 Loss: token-mean cross-entropy over the loss-mask tokens (the assistant turns,
 :mod:`rlforge.data.sft_dataset`) of the global batch, ``-Σ log p(token) / Σ mask``, over all ranks
@@ -100,7 +101,7 @@ class SFTTrainer:
         return len(self.train) // bs
 
     def _build_engine(self) -> None:
-        from rlforge.config.common import FSDPConfig
+        from rlforge.config.lora import lora_enabled
         from rlforge.engine.packing import packed_response_log_probs
         from rlforge.engine.varlen import maybe_select_varlen
         from rlforge.models import load_causal_lm
@@ -113,10 +114,10 @@ class SFTTrainer:
                                 key="model.path")
         packed = bool(m.use_remove_padding) and packs(m.strategy)
         maybe_select_varlen(module, self.device, packed, m.override_config)
-        self.lora = apply_lora(module, m, "model", m.path, seed=self.cfg.trainer.seed) if m.lora_rank > 0 else None
+        self.lora = apply_lora(module, m, "model", m.path, seed=self.cfg.trainer.seed) if lora_enabled(m) else None
         flags = SimpleNamespace(enable_gradient_checkpointing=m.enable_gradient_checkpointing,
-                                enable_activation_offload=False)
-        self.engine = make_engine(engine_name(m.strategy), module, self.device, fsdp_config=FSDPConfig(),
+                                enable_activation_offload=m.enable_activation_offload)
+        self.engine = make_engine(engine_name(m.strategy), module, self.device, fsdp_config=self.cfg.engine,
                                   optim_cfg=self.cfg.optim, total_steps=self.total_steps, optim_key="optim",
                                   grad_clip=float(self.cfg.optim.clip_grad), model_cfg=flags, role_key="model",
                                   trainable_state_only=self.lora is not None)

@@ -22,6 +22,13 @@ def test_each_key_gets_its_verdict() -> None:
     assert any("tensor_model_parallel_size=2" in w for w in report.other_warnings)
 
 
+def test_a_verl_alias_is_mapped_onto_rlforge_key() -> None:
+    """verl_keys.ALIASES (not only the loader's older spellings): ``optim.clip_grad`` is the actor's ``grad_clip``."""
+    report = check_config([f"{_ARR}.actor.optim.clip_grad=0.5", f"{_ARR}.model.lora.rank=8"])
+    assert [v.line() for v in report.keys] == [f"{_ARR}.actor.optim.clip_grad: mapped -> {_ARR}.actor.grad_clip",
+                                               f"{_ARR}.model.lora.rank: mapped -> {_ARR}.model.lora_rank"]
+
+
 def test_a_nested_free_form_key_is_named_by_its_parents_warning() -> None:
     report = check_config([f"{_ARR}.rollout.engine_kwargs.vllm.enable_expert_parallel=true"])
     (verdict,) = report.keys
