@@ -16,6 +16,10 @@ rollout's memory keys for generation.  A boolean key already on is left out; a s
 its current value.  For an engine without parameter or optimizer offload (``offload_works=False``)
 the offload keys are named as needing a sharded engine.
 
+Online back-off (:mod:`rlforge.trainer.backoff`) comes first: where the tuner owns the stage's budget
+or checkpointing, the stage lowers it and redoes its work, and only an error it cannot answer reaches
+:func:`oom_guard`; its ``note`` then says why (a key the user set, nothing left to lower).
+
 Before the error is raised, the memory the failed stage still holds through the traceback's finished
 frames (activations, logits) is released and PyTorch's cache is returned to the driver, so a caller
 that catches the error (a sweep in one process) gets the memory back; the numbers in the message are
