@@ -177,7 +177,9 @@ class StageBackoff:
         self.ckpt_free = ckpt_key is not None and tuner_owns(log.cfg, ckpt_key)
         self.optimizer_steps = 0
         optimizer = getattr(engine, "optimizer", None)
-        if optimizer is not None:
+        self.watched = optimizer is None or hasattr(optimizer, "register_step_pre_hook")
+        """Whether a step that began can be seen (else an update is never redone)."""
+        if optimizer is not None and self.watched:
             optimizer.register_step_pre_hook(self._count_step)
 
     def _count_step(self, *_: Any) -> None:
@@ -191,7 +193,7 @@ class StageBackoff:
                     snapshot: tuple[int, torch.Tensor, torch.Tensor | None]) -> bool:
         if not is_oom(error):
             return False
-        if snapshot[0] != self.optimizer_steps:
+        if snapshot[0] != self.optimizer_steps or not self.watched:
             self.log.notes[self.stage] = "online back-off cannot redo an optimizer step that had begun"
             return False
         change = self._lower(budget, batch)

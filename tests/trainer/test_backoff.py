@@ -78,15 +78,16 @@ def inject(actor: Actor, too_big, where: str = "forward") -> list[int]:
     return failed
 
 
-def make_actor(budget: int | None, micro: int = 6, switchable: bool = False, checkpointing: bool = False):
-    """An FSDP2 actor (single process, CPU) on the seeded tiny model, and the batch."""
-    init_single_process(CPU)
+def make_actor(budget: int | None, micro: int = 6, switchable: bool = False, checkpointing: bool = False,
+               device: torch.device = CPU):
+    """An FSDP2 actor (single process, on ``device``) on the seeded tiny model, and the batch."""
+    init_single_process(device)
     model, tok = dc.load_model()
     batch = dc.make_batch(model, tok)
     if checkpointing or switchable:
         apply_activation_wrappers(model, checkpointing, False, switchable=switchable)
     acfg = dc.actor_cfg()
-    engine = ENGINES.get("fsdp2")(model, CPU, fsdp_config=FSDPConfig(), optim_cfg=acfg.optim, total_steps=10,
+    engine = ENGINES.get("fsdp2")(model, device, fsdp_config=FSDPConfig(), optim_cfg=acfg.optim, total_steps=10,
                                   grad_clip=acfg.grad_clip)
     actor = Actor(engine, acfg, mini_batch_size=len(batch), micro_batch_size=micro, log_prob_micro_batch_size=6,
                   max_token_len=budget)
