@@ -228,16 +228,29 @@ class LayerWrapper(ActivationWrapper):
         return out
 
 
-def apply_activation_wrappers(module: nn.Module, checkpointing: bool, offload: bool) -> ActivationOffload | None:
+def apply_activation_wrappers(module: nn.Module, checkpointing: bool, offload: bool,
+                              switchable: bool = False) -> ActivationOffload | None:
     """Replace each decoder layer of ``module`` by a :class:`LayerWrapper` (in place).
 
     Returns the shared :class:`ActivationOffload` state when ``offload`` (else None).  A no-op
-    when both flags are False.  Call before sharding.
+    when both flags are False, unless ``switchable``: then the wrappers are put in with both off,
+    so that :func:`switch_checkpointing` can turn checkpointing on later (online back-off).  Call
+    before sharding.
     """
-    if not (checkpointing or offload):
+    if not (checkpointing or offload or switchable):
         return None
     state = ActivationOffload() if offload else None
     layers = decoder_layer_list(module)
     for i, layer in enumerate(layers):
         layers[i] = LayerWrapper(layer, checkpointing, state)
     return state
+
+
+def switch_checkpointing(module: nn.Module, on: bool = True) -> int:
+    """Turn checkpointing on (or off) in every :class:`LayerWrapper` of ``module`` (also once sharded:
+    the flag is read at each forward); returns how many wrappers there are (0: ``module`` has none,
+    so checkpointing cannot be switched; see ``switchable`` in :func:`apply_activation_wrappers`)."""
+    wrappers = [m for m in module.modules() if isinstance(m, LayerWrapper)]
+    for w in wrappers:
+        w.checkpointing = on
+    return len(wrappers)

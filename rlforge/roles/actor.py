@@ -31,7 +31,7 @@ from rlforge.algorithms.utils import masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
-from rlforge.roles.common import UpdateResult, run_updates
+from rlforge.roles.common import MicroBudget, UpdateResult, run_updates
 from rlforge.roles.forward import response_log_probs, response_log_probs_and_sum_pi_squared
 
 
@@ -53,8 +53,8 @@ class LogProbModel:
         remove_padding: bool = False, head_chunk_size: int = 0,
     ) -> None:
         self.engine = engine
-        self.micro_batch_size = micro_batch_size
-        self.max_token_len = max_token_len
+        self.budget = MicroBudget(micro_batch_size, max_token_len)
+        """This forward's micro-batching (online back-off may lower it: :mod:`rlforge.trainer.backoff`)."""
         self.head_chunk_size = int(head_chunk_size)
         fn = packed_response_log_probs if remove_padding else response_log_probs
         self.log_probs_fn = functools.partial(fn, chunk_size=self.head_chunk_size)
@@ -76,7 +76,7 @@ class LogProbModel:
             logp, ent = self.log_probs_fn(module, mb, temperature, with_entropy)
             return {"log_probs": logp, **({"entropys": ent} if ent is not None else {})}
 
-        return self.engine.infer(batch, fwd, self.micro_batch_size, self.max_token_len)
+        return self.budget.run(batch, lambda mbs, mtl: self.engine.infer(batch, fwd, mbs, mtl))
 
 
 class Actor(LogProbModel):
@@ -110,10 +110,10 @@ class Actor(LogProbModel):
         rollout_correction: Any = None,
     ) -> None:
         super().__init__(engine, log_prob_micro_batch_size, log_prob_max_token_len, remove_padding, head_chunk_size)
-        self.train_max_token_len = max_token_len
+        self.train_budget = MicroBudget(micro_batch_size, max_token_len)
+        """The update's micro-batching (online back-off may lower it: :mod:`rlforge.trainer.backoff`)."""
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
-        self.train_micro_batch_size = micro_batch_size
         self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
         self.hooks = loss_hooks(self.policy_loss)
         rc = rollout_correction
@@ -223,7 +223,8 @@ class Actor(LogProbModel):
             record = []
         result = run_updates(
             self.engine, data, self._loss_fn(temperature, record, tuple(extra)), self.mini_batch_size,
-            self.train_micro_batch_size, self.cfg.ppo_epochs, "update_actor", self.train_max_token_len,
+            self.train_budget, self.cfg.ppo_epochs, "update_actor",
+            on_redo=record.clear if record is not None else None,  # on-policy: one mini-batch, recorded anew
         )
         if record is not None:
             rows = _assemble_rows(record, len(batch), batch["responses"].shape[1])

@@ -1,10 +1,13 @@
-"""The update loop shared by the actor and the critic."""
+"""The update loop shared by the actor and the critic, and the micro-batching a stage runs with
+(:class:`MicroBudget`), which online back-off may lower between two attempts of a step."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -33,6 +36,47 @@ class UpdateResult:
     forward: dict[str, torch.Tensor] | None = None
 
 
+T = TypeVar("T")
+
+
+class Redo(Protocol):
+    """What decides whether a failed attempt of a stage's work is redone (online back-off:
+    :class:`rlforge.trainer.backoff.StageBackoff`)."""
+
+    def snapshot(self) -> Any:
+        """State taken before an attempt (handed back to :meth:`should_redo`)."""
+
+    def should_redo(self, budget: MicroBudget, batch: Batch, error: Exception, snapshot: Any) -> bool:
+        """Whether to redo after ``error``; True only after it changed ``budget`` (or the engine) and
+        put back what the attempt changed.  False: the error propagates unchanged."""
+
+
+@dataclass
+class MicroBudget:
+    """How one stage splits its batches: ``micro_batch_size`` rows per micro-batch, or, with
+    ``max_token_len`` (dynamic batching), a token budget per micro-batch; ``redo`` (None: an error
+    propagates at once) may lower them after an out-of-memory error and have the work redone."""
+
+    micro_batch_size: int
+    max_token_len: int | None = None
+    redo: Redo | None = None
+
+    def run(self, batch: Batch, fn: Callable[[int, int | None], T],
+            on_redo: Callable[[], None] | None = None) -> T:
+        """``fn(micro_batch_size, max_token_len)`` over ``batch``, redone with the lowered budget
+        while :attr:`redo` says so; ``on_redo`` runs before each redo (drop what the failed attempt
+        recorded).  The failed attempt's exception (and the frames it holds) is gone before the redo."""
+        while True:
+            snap = self.redo.snapshot() if self.redo is not None else None
+            try:
+                return fn(self.micro_batch_size, self.max_token_len)
+            except Exception as e:
+                if self.redo is None or not self.redo.should_redo(self, batch, e, snap):
+                    raise
+            if on_redo is not None:
+                on_redo()
+
+
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     """Average each metric over the optimizer steps of one RL step."""
     acc: dict[str, list[float]] = defaultdict(list)
@@ -43,11 +87,14 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_updates(
-    engine: TrainEngine, data: Batch, loss_fn: LossFn, mini_batch_size: int, micro_batch_size: int,
-    epochs: int, desc: str, max_token_len: int | None = None,
+    engine: TrainEngine, data: Batch, loss_fn: LossFn, mini_batch_size: int, budget: MicroBudget,
+    epochs: int, desc: str, on_redo: Callable[[], None] | None = None,
 ) -> UpdateResult:
     """``epochs`` passes over ``data`` in mini-batches, one optimizer step each, with a progress bar
-    (on a terminal only: :func:`rlforge.progress.progress_bar`).
+    (on a terminal only: :func:`rlforge.progress.progress_bar`).  Each step's micro-batches follow
+    ``budget``; a step that fails and that ``budget.redo`` lowers the budget for is redone alone
+    (the engine zeroes the gradients at its start and steps the optimizer only after all its
+    micro-batches, so the earlier steps stand and the redone one computes the same update).
 
     Returns the metrics averaged over the optimizer steps, plus ``lr``, and the work the steps
     saved (:class:`UpdateResult`).  A step whose
@@ -55,18 +102,18 @@ def run_updates(
     """
     minis = [m for _ in range(epochs) for m in data.split(mini_batch_size)]
     with engine.phase():  # one phase for the whole update (param_offload moves the weights once)
-        rows, saved = _steps(engine, minis, loss_fn, micro_batch_size, max_token_len, desc)
+        rows, saved = _steps(engine, minis, loss_fn, budget, desc, on_redo)
     metrics = mean_metrics(rows)
     metrics["lr"] = engine.lr
     return UpdateResult(metrics, saved)
 
 
-def _steps(engine: TrainEngine, minis: list[Batch], loss_fn: LossFn, micro_batch_size: int,
-           max_token_len: int | None, desc: str) -> tuple[list[dict[str, float]], tuple[float, float]]:
+def _steps(engine: TrainEngine, minis: list[Batch], loss_fn: LossFn, budget: MicroBudget, desc: str,
+           on_redo: Callable[[], None] | None) -> tuple[list[dict[str, float]], tuple[float, float]]:
     rows: list[dict[str, float]] = []
     saved = (0.0, 0.0)
     for mini in progress_bar(minis, desc=desc, unit="step", leave=False):
-        row = engine.train_step(mini, loss_fn, micro_batch_size, max_token_len)
+        row = budget.run(mini, lambda mbs, mtl, mini=mini: engine.train_step(mini, loss_fn, mbs, mtl), on_redo)
         tok, s2 = pop_saved_work(row)
         saved = (saved[0] + tok, saved[1] + s2)
         if row["grad_norm"] != row["grad_norm"] or abs(row["grad_norm"]) == float("inf"):

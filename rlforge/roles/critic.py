@@ -10,7 +10,7 @@ from rlforge.algorithms import compute_value_loss, masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_values
-from rlforge.roles.common import run_updates
+from rlforge.roles.common import MicroBudget, run_updates
 from rlforge.roles.forward import response_values
 
 
@@ -28,14 +28,14 @@ class Critic:
         forward_micro_batch_size: int, max_token_len: int | None = None,
         forward_max_token_len: int | None = None, remove_padding: bool = False,
     ) -> None:
-        self.max_token_len = max_token_len
-        self.forward_max_token_len = forward_max_token_len
+        self.budget = MicroBudget(micro_batch_size, max_token_len)
+        """The update's micro-batching (online back-off may lower it: :mod:`rlforge.trainer.backoff`)."""
+        self.forward_budget = MicroBudget(forward_micro_batch_size, forward_max_token_len)
+        """The values forward's micro-batching."""
         self.values_fn = packed_response_values if remove_padding else response_values
         self.engine = engine
         self.cfg = cfg
         self.mini_batch_size = mini_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.forward_micro_batch_size = forward_micro_batch_size
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """``(batch, response_len)`` float32 values, zero outside ``response_mask``."""
@@ -43,7 +43,7 @@ class Critic:
         def fwd(module: torch.nn.Module, mb: Batch) -> dict[str, torch.Tensor]:
             return {"values": self.values_fn(module, mb) * mb["response_mask"]}
 
-        return self.engine.infer(batch, fwd, self.forward_micro_batch_size, self.forward_max_token_len)["values"]
+        return self.forward_budget.run(batch, lambda mbs, mtl: self.engine.infer(batch, fwd, mbs, mtl))["values"]
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Value-loss update; returns ``critic/*`` metrics (without the prefix)."""
@@ -66,6 +66,5 @@ class Critic:
             }
 
         return run_updates(
-            self.engine, data, loss_fn, self.mini_batch_size, self.micro_batch_size, cfg.ppo_epochs, "update_critic",
-            self.max_token_len,
+            self.engine, data, loss_fn, self.mini_batch_size, self.budget, cfg.ppo_epochs, "update_critic",
         ).metrics

@@ -16,6 +16,10 @@ rollout's memory keys for generation.  A boolean key already on is left out; a s
 its current value.  For an engine without parameter or optimizer offload (``offload_works=False``)
 the offload keys are named as needing a sharded engine.
 
+Online back-off (:mod:`rlforge.trainer.backoff`) comes first: where the tuner owns the stage's budget
+or checkpointing, the stage lowers it and redoes its work, and only an error it cannot answer reaches
+:func:`oom_guard`; its ``note`` then says why (a key the user set, nothing left to lower).
+
 Before the error is raised, the memory the failed stage still holds through the traceback's finished
 frames (activations, logits) is released and PyTorch's cache is returned to the driver, so a caller
 that catches the error (a sweep in one process) gets the memory back; the numbers in the message are
@@ -159,8 +163,9 @@ def _advice(cfg: Any, stage: str, offload_works: bool) -> tuple[list[str], list[
 
 
 def oom_message(stage: str, cfg: Any, error: BaseException, memory: MemoryReading | None,
-                offload_works: bool = True) -> str:
-    """The one-line message for ``error`` in ``stage`` (see the module docstring)."""
+                offload_works: bool = True, note: str = "") -> str:
+    """The one-line message for ``error`` in ``stage`` (see the module docstring); ``note`` (why
+    online back-off did not save the stage, :mod:`rlforge.trainer.backoff`) is added where given."""
     found = re.search(r"tried to allocate ([\d.]+ [KMGT]?i?B)", str(error), re.IGNORECASE)
     asked = f"tried to allocate {found.group(1)}; " if found else ""
     if memory is None:
@@ -169,7 +174,10 @@ def oom_message(stage: str, cfg: Any, error: BaseException, memory: MemoryReadin
         where = (f"{asked}{memory.allocated / GiB:.1f} GiB allocated and {memory.reserved / GiB:.1f} GiB reserved "
                  f"by PyTorch of {memory.total / GiB:.1f} GiB on {memory.device}")
     tips, needs_procs = _advice(cfg, stage, offload_works)
-    msg = f"out of memory in stage {stage} ({where}). To lower this stage's memory: {'; '.join(tips) or '-'}"
+    msg = f"out of memory in stage {stage} ({where})"
+    if note:
+        msg += f"; {note}"
+    msg += f". To lower this stage's memory: {'; '.join(tips) or '-'}"
     if needs_procs:
         msg += (f". {', '.join(k + '=true' for k in needs_procs)} would also help but take effect only in a sharded "
                 "engine (strategy fsdp, fsdp2 or megatron); this run's local engine keeps everything on the device")
@@ -179,7 +187,7 @@ def oom_message(stage: str, cfg: Any, error: BaseException, memory: MemoryReadin
     return msg
 
 
-def _release(e: BaseException) -> None:
+def release_memory(e: BaseException) -> None:
     """Drop the locals of the finished frames of ``e``'s traceback (activations, logits) and
     return PyTorch's cached blocks to the driver.  The frames still running are left alone."""
     traceback.clear_frames(e.__traceback__)
@@ -189,7 +197,8 @@ def _release(e: BaseException) -> None:
 
 @contextmanager
 def oom_guard(stage: str, cfg: Any, offload_works: bool = True,
-              read_memory: Callable[[], MemoryReading | None] = cuda_memory) -> Iterator[None]:
+              read_memory: Callable[[], MemoryReading | None] = cuda_memory,
+              note: Callable[[str], str] | None = None) -> Iterator[None]:
     """Turn an out-of-memory error raised inside the block into a :class:`DeviceOutOfMemory`
     naming ``stage`` and the keys of ``cfg`` to change; any other exception passes unchanged.
 
@@ -199,6 +208,8 @@ def oom_guard(stage: str, cfg: Any, offload_works: bool = True,
         offload_works: whether the run's engines offload (False for the local engine: the
             offload keys are then named as needing a sharded engine).
         read_memory: the memory reading (:func:`cuda_memory`; a fake in tests).
+        note: ``note(stage)``: a clause added to the message (why online back-off did not save
+            the stage: :meth:`rlforge.trainer.backoff.Backoffs.note`); None: none.
     """
     try:
         yield
@@ -206,6 +217,6 @@ def oom_guard(stage: str, cfg: Any, offload_works: bool = True,
         if not is_oom(e):
             raise
         memory = read_memory()  # before anything is freed
-        message = oom_message(stage, cfg, e, memory, offload_works)
-        _release(e)
+        message = oom_message(stage, cfg, e, memory, offload_works, note(stage) if note is not None else "")
+        release_memory(e)
         raise DeviceOutOfMemory(message) from e

@@ -18,8 +18,10 @@ after ``trainer.critic_warmup`` steps.
 
 Every ``timed`` block reports to the rank's :class:`~rlforge.perf.monitor.PerfMonitor` timeline,
 which gives the per-stage GPU utilisation and, with ``trainer.profile``, the stage trace.  A CUDA
-out-of-memory error in a stage becomes one message naming the stage, the memory and the keys that
-lower it (:mod:`rlforge.trainer.oom`).
+out-of-memory error in a stage first lowers that stage's micro-batch budget (or turns on
+checkpointing) and redoes its work, where the tuner owns those keys (:mod:`rlforge.trainer.backoff`);
+otherwise it becomes one message naming the stage, the memory and the keys that lower it
+(:mod:`rlforge.trainer.oom`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from rlforge.rollout import SamplingParams
 from rlforge.tracking import Tracking, check_loggers, rotate_metrics_file
 from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer import spmd
+from rlforge.trainer.backoff import install_backoff
 from rlforge.trainer.build import Job, build_job
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
 from rlforge.trainer.metrics import (
@@ -144,6 +147,7 @@ class PPOTrainer:
         self.job: Job = build_job(cfg)  # initialises the process group when launched by torchrun
         self.rank, self.world_size = spmd.world()
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
+        self.backoff = install_backoff(cfg, self.job, self.world_size)  # out of memory: lower the budget, redo
         self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
@@ -327,10 +331,10 @@ class PPOTrainer:
     @contextmanager
     def _stage(self, name: str, m: dict[str, float]) -> Iterator[None]:
         """A timed stage (``timing_s/<name>`` in ``m``, and the rank's timeline) whose CUDA
-        out-of-memory error becomes one message naming the stage and the keys to change
-        (:func:`rlforge.trainer.oom.oom_guard`)."""
+        out-of-memory error, where online back-off did not redo the work, becomes one message naming
+        the stage and the keys to change (:func:`rlforge.trainer.oom.oom_guard`)."""
         with timed(name, m, self.perf.timeline), self.stage_memory.track(name, m), \
-                oom_guard(name, self.cfg):
+                oom_guard(name, self.cfg, note=self.backoff.note):
             yield
 
     def _sampling(self) -> SamplingParams:
@@ -420,6 +424,7 @@ class PPOTrainer:
                               length_mask=batch["rollout_response_mask"] if "rollout_response_mask" in batch else None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
         m.update(memory_metrics(stages=self.stage_memory))
+        m.update(self.backoff.metrics())  # tune/oom_backoffs and the budgets back-off may lower
         m.update(mfu_metrics(
             m, batch["attention_mask"].sum(-1).tolist(), job.rollout_model.config,
             job.critic.engine.module.config if job.critic is not None else None,

@@ -10,6 +10,8 @@ from rlforge.engine.varlen import maybe_select_varlen
 from rlforge.models import load_value_model
 from rlforge.models.lora import apply_lora
 from rlforge.roles.critic import Critic
+from rlforge.trainer import spmd
+from rlforge.trainer.backoff import may_switch_checkpointing
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import engine_name, make_engine, packs
 
@@ -37,6 +39,8 @@ def build_critic(ctx: BuildContext) -> Critic | None:
         engine_name(lora_strategy(c.strategy, c.model)), module, ctx.device, fsdp_config=c.model.fsdp_config,
         optim_cfg=c.optim, total_steps=ctx.total_steps, optim_key="critic.optim", grad_clip=c.grad_clip,
         model_cfg=c.model, megatron_config=c.megatron, role_key="critic", trainable_state_only=lora,
+        switchable_checkpointing=may_switch_checkpointing(  # online back-off may turn it on
+            cfg, "critic.model.enable_gradient_checkpointing", spmd.world()[1]),
     )
     s, b = ctx.sizes, ctx.budgets
     return Critic(engine, c, s["critic_mini"], s["critic_micro"], s["critic_forward_micro"], b["critic"],

@@ -9,6 +9,7 @@ import torch
 
 from rlforge.config.user_keys import user_set
 from rlforge.engine import ENGINES, TrainEngine
+from rlforge.engine.activation import apply_activation_wrappers
 from rlforge.engine.varlen import ATTN_IMPLEMENTATION, attn_implementation
 from rlforge.errors import ConfigError, RLForgeWarning
 from rlforge.roles.fused_head import fused_head_unsupported, set_impl_backend
@@ -51,15 +52,21 @@ def make_engine(name: str, module: torch.nn.Module, device: torch.device, *, fsd
                 optim_cfg: Any | None, total_steps: int, optim_key: str, grad_clip: float = 1.0,
                 param_groups: Any = None, model_cfg: Any = None, megatron_config: Any = None, role_key: str = "",
                 compile_layers: bool = False, share_prompts: bool = False,
-                trainable_state_only: bool = False) -> TrainEngine:
+                trainable_state_only: bool = False, switchable_checkpointing: bool = False) -> TrainEngine:
     """Build the engine registered as ``name`` (``fsdp2``, ``fsdp``, ``megatron``) around ``module``;
     ``role_key`` (e.g. ``critic``) is the role's config prefix, named in errors; ``share_prompts``
-    and ``trainable_state_only``: the engine options of those names (:class:`TrainEngine`)."""
+    and ``trainable_state_only``: the engine options of those names (:class:`TrainEngine`).
+    ``switchable_checkpointing``: with checkpointing and activation offload off and an FSDP engine,
+    the decoder layers get their wrappers anyway (both off), so that online back-off can turn
+    checkpointing on (:func:`~rlforge.engine.activation.switch_checkpointing`)."""
+    ckpt = bool(model_cfg is not None and model_cfg.enable_gradient_checkpointing)
+    act_offload = bool(model_cfg is not None and model_cfg.enable_activation_offload)
+    if switchable_checkpointing and not (ckpt or act_offload) and name in ("fsdp", "fsdp2"):
+        apply_activation_wrappers(module, False, False, switchable=True)  # the engine's own call is then a no-op
     return ENGINES.get(name)(
         module, device, fsdp_config=fsdp_config, optim_cfg=optim_cfg, total_steps=total_steps, optim_key=optim_key,
         grad_clip=grad_clip, param_groups=param_groups, megatron_config=megatron_config, role_key=role_key,
-        gradient_checkpointing=bool(model_cfg is not None and model_cfg.enable_gradient_checkpointing),
-        activation_offload=bool(model_cfg is not None and model_cfg.enable_activation_offload),
+        gradient_checkpointing=ckpt, activation_offload=act_offload,
         compile_layers=compile_layers, share_prompts=share_prompts, trainable_state_only=trainable_state_only,
     )
 

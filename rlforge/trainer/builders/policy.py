@@ -16,6 +16,8 @@ from rlforge.errors import ConfigError
 from rlforge.models import load_causal_lm
 from rlforge.models.lora import LoraPlan, apply_lora
 from rlforge.roles.actor import Actor
+from rlforge.trainer import spmd
+from rlforge.trainer.backoff import may_switch_checkpointing
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import (
     engine_name,
@@ -108,6 +110,8 @@ def build_policy(ctx: BuildContext, lm: PolicyLM) -> Policy:
         model_cfg=arr.model, megatron_config=arr.actor.megatron, role_key="actor_rollout_ref.actor",
         compile_layers=bool(arr.actor.use_torch_compile), share_prompts=lm.share_prompts,
         trainable_state_only=lora is not None,  # checkpoints hold the adapter and its optimizer state
+        switchable_checkpointing=may_switch_checkpointing(  # online back-off may turn it on
+            ctx.cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", spmd.world()[1]),
     )
     actor = Actor(engine, arr.actor, ctx.sizes["actor_mini"], ctx.sizes["actor_micro"], ctx.sizes["log_prob_micro"],
                   max_token_len=ctx.budgets["actor"], log_prob_max_token_len=ctx.budgets["log_prob"],
