@@ -25,8 +25,10 @@ weights or, with LoRA, the adapter, plus optimizer and scheduler), ``config.yaml
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,7 +38,8 @@ import torch
 import transformers
 
 from rlforge.config.sft import SFTConfig, load_sft_config
-from rlforge.errors import ConfigError, DataError
+from rlforge.errors import ConfigError, DataError, RLForgeError
+from rlforge.trainer.sft_args import add_sft_arguments
 
 HF_FOLDER = "huggingface"
 """Sub-folder of ``global_step_N`` holding the Hugging Face model (verl's SFT checkpoint layout)."""
@@ -259,11 +262,17 @@ def run_sft(overrides: Sequence[str], config_file: str | None = None, print_conf
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlforge.trainer.sft_trainer``: ``rlforge sft`` (the same start-up, warnings and output; a user
-    mistake prints one ``rlforge: error:`` line, exit 2)."""
-    from rlforge.cli import main as cli_main
-
-    return cli_main(["sft", *(sys.argv[1:] if argv is None else argv)])
+    """``python -m rlforge.trainer.sft_trainer``: a user mistake prints one ``rlforge: error:`` line (exit 2)."""
+    p = argparse.ArgumentParser(prog="rlforge sft", description="Supervised fine-tuning with verl's SFT keys.")
+    add_sft_arguments(p)
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return run_sft(args.overrides, args.config_file, args.print_config)
+    except RLForgeError as e:
+        print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":
