@@ -12,6 +12,7 @@ in one launch (``out_dir/NAME/result.pt`` each).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -154,6 +155,9 @@ def critic_main(out: Path, opts: dict, leave_group: bool = True) -> None:
 
     class Capture:  # an engine whose step only accumulates: the update's loss and gradients are kept
         lr = 0.0
+
+        def phase(self):  # the engine contract's phase context (param_offload); nothing to move here
+            return contextlib.nullcontext()
 
         def train_step(self, data, loss_fn, micro, budget=None):
             captured["metrics"] = engine.accumulate_grads(data, loss_fn, micro, budget)

@@ -11,6 +11,7 @@ and ``sync_to`` gives the rollout copy the same weights.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -177,6 +178,9 @@ def test_value_model_matches_single_process(launched):
 
     class Capture:
         lr = 0.0
+
+        def phase(self):  # the engine contract's phase context (param_offload); nothing to move here
+            return contextlib.nullcontext()
 
         def train_step(self, data, loss_fn, micro, budget=None):
             scale = LossScale(**loss_agg_globals(data["response_mask"].float()))

@@ -136,6 +136,7 @@ def test_resume_with_new_lr_trains_at_it_and_records_it(tmp_path, capsys):
     # a checkpoint without config.yaml (hand-made, or older): the state-dict guard names the mismatch
     for name in ("config.yaml", "manifest.json"):
         (tmp_path / "global_step_2" / name).unlink()
+    (tmp_path / "global_step_1" / "manifest.json").unlink()  # an older rlforge wrote none (else: "manifest missing")
     assert train(tmp_path, "trainer.total_training_steps=3", "+actor_rollout_ref.model.override_config.num_hidden_layers=1") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
     assert len(err) == 1 and str(tmp_path / "global_step_2" / "actor") in err[0], err
