@@ -94,6 +94,7 @@ def test_aliases_land_on_real_keys():
             assert all(schema.lookup(RLForgeConfig, k) is not None for k in settings)
 
 
+@pytest.mark.e2e  # a sweep of hundreds of config loads (~35-100 s on 2 cores): out of the inner loop
 @pytest.mark.parametrize("name", FILES)
 def test_each_verl_key_set_changes_the_config_or_warns(name):
     """Set alone to a non-default value, a mapped key changes rlforge's key, a verl-only key warns naming it,

@@ -82,6 +82,7 @@ def _probe_value(key: str, default: Any, k: str, ours: SFTConfig) -> Any:
     return probe(default)
 
 
+@pytest.mark.e2e  # a sweep of hundreds of config loads (~35-100 s on 2 cores): out of the inner loop
 @pytest.mark.parametrize("name", FILES)
 def test_each_verl_sft_key_set_changes_the_config_or_warns(name):
     """Set alone to a non-default value, a typed or mapped key changes the resolved SFT config, a verl-only
