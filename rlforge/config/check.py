@@ -119,7 +119,7 @@ def _written_keys(overrides: Sequence[str]) -> list[str]:
 def _names(line: str, key: str) -> bool:
     """Whether the warning ``line`` names ``key`` or a node above it (``a.b`` for ``a.b.c``)."""
     parts = key.split(".")
-    for n in range(len(parts), 1, -1):
+    for n in range(len(parts), 0 if len(parts) == 1 else 1, -1):  # a top-level key (model_engine) by itself
         if re.search(rf"(?<![\w.]){re.escape('.'.join(parts[:n]))}(?![\w.])", line):
             return True
     return False

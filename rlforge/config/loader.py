@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import schema, verl_keys
+from rlforge.config.alias_conflicts import Moved, check_moved
 from rlforge.config.auto_keys import record_auto_keys, strip_auto
 from rlforge.config.common import OptimConfig
 from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
@@ -201,14 +202,14 @@ def _parse_override(override: str) -> dict[str, Any]:
     return parsed
 
 
-def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any],
-               table: verl_keys.KeyTable = verl_keys.PPO) -> bool:
+def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: Moved,
+               table: verl_keys.KeyTable = verl_keys.PPO, source: str = "") -> bool:
     """Handle the key ``full`` that rlforge's schema lacks, if it is verl's (``table``): an alias puts its
     value in ``moved`` (rlforge's key -> value), a group choice its settings, a verl-only key goes to
     ``verl``; a mapping above such keys is taken leaf by leaf (also below a group choice of the same name,
     e.g. the SFT trainer's ``profiler`` block).  False when ``full`` is not verl's (an unknown key)."""
     if (target := table.alias_of(full)) is not None:
-        moved[target] = value
+        moved.put(target, value, full, source)
         return True
     choice = table.group_choices.get(full, {})
     if isinstance(value, str) and value in choice:
@@ -217,7 +218,7 @@ def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any
     whole = full in table.verl_only and full not in table.group_choices  # a verl-only key with a mapping value
     if isinstance(value, dict) and value and table.is_verl_node(full) and not whole:
         for key, sub in value.items():
-            if key not in _IGNORED_KEYS and not _take_verl(f"{full}.{key}", sub, verl, moved, table):
+            if key not in _IGNORED_KEYS and not _take_verl(f"{full}.{key}", sub, verl, moved, table, source):
                 raise ConfigError(f"unknown config key '{full}.{key}' (verl's {full} block has no such key)")
         return True
     if table.is_verl_only(full):
@@ -228,10 +229,12 @@ def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: dict[str, Any
 
 def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool,
            root: type = RLForgeConfig, verl: dict[str, Any] | None = None,
-           moved: dict[str, Any] | None = None, table: verl_keys.KeyTable = verl_keys.PPO) -> dict[str, Any]:
+           moved: Moved | None = None, table: verl_keys.KeyTable = verl_keys.PPO) -> dict[str, Any]:
     """Check ``node`` (a layer below dataclass ``cls`` at ``prefix``) against the schema.
 
-    Renames aliases (an older spelling given as null is verl's "not set" and dropped), drops Hydra
+    Renames aliases (an older spelling given as null is verl's "not set" and dropped; given beside the
+    current name in one node, the older spelling wins, as verl reads it: ``warmup_style`` over
+    ``lr_scheduler_type``, the SFT trainer's ``lr_scheduler`` and ``partial_pretrain``), drops Hydra
     ``_target_`` keys, wraps a scalar given for a ``list[str]`` field, takes verl's keys of ``table``
     (with ``verl`` and ``moved``; a group choice given for a schema block too, e.g. the SFT trainer's
     ``engine=fsdp``), and drops unknown keys with a warning when ``plus`` (else raises).
@@ -239,17 +242,22 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
     hints = schema.field_types(cls)
     aliases = KEY_ALIASES.get(cls, {})
     out: dict[str, Any] = {}
+    older: set[str] = set()  # keys an older spelling set: it wins over the current name, as in verl
     for raw_key, value in node.items():
         key = aliases.get(str(raw_key), str(raw_key))
         if key != str(raw_key) and value is None:
             continue
+        if key == str(raw_key) and key in older:
+            continue
+        if key != str(raw_key):
+            older.add(key)
         full = f"{prefix}{key}"
         if key in _IGNORED_KEYS:
             continue
         takes = verl is not None and moved is not None
         if takes and (key not in hints or (isinstance(value, str) and full in table.group_choices)):
             assert verl is not None and moved is not None  # narrowed for the type checker
-            if _take_verl(full, value, verl, moved, table):
+            if _take_verl(full, value, verl, moved, table, source):
                 continue
         if key not in hints:
             if plus:
@@ -289,9 +297,10 @@ def _clean_layer(layer: dict[str, Any], source: str, plus: bool = False, root: t
     """``layer`` checked against ``root``; with ``verl`` (a dict to fill), verl's keys of ``table`` are taken
     (:func:`_take_verl`): aliases land on rlforge's keys (after the layer's own values), verl-only keys in
     ``verl``."""
-    moved: dict[str, Any] = {}
+    moved = Moved()
     out = _clean(root, layer, "", source, plus, root, verl, moved if verl is not None else None, table)
     if moved:
+        check_moved(out, moved, source)
         nested: dict[str, Any] = {}
         for dotted, value in moved.items():
             node = nested

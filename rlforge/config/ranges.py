@@ -50,6 +50,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.max_response_length": (lambda v: v >= 1, ">= 1"),
     "reward_model.timeout_s": (lambda v: v is None or v > 0, "null (no limit) or > 0 seconds"),
     "reward_model.num_workers": (lambda v: v >= 0, ">= 1 processes, or 0 for the CPU count (at most 16)"),
+    "trainer.nnodes": (lambda v: v >= 1, ">= 1"),
+    "trainer.n_gpus_per_node": (lambda v: v >= 1, ">= 1"),
+    "data.gen_batch_size": (lambda v: v is None or v >= 1, "null (data.train_batch_size) or >= 1"),
     "trainer.gpu_sample_interval_s": (lambda v: v >= 0, ">= 0 (0 = no GPU sampling)"),
     "trainer.profile_steps": (lambda v: v is None or all(s >= 1 for s in v), "null or a list of steps >= 1"),
     # rollout backends: hf and native here; verl's vllm, sglang and trtllm run as native (or hf) with a warning

@@ -40,6 +40,28 @@ def add_tune_parser(sub: Any) -> None:
     t.add_argument("overrides", nargs="*", help="key=value overrides (as rlforge train)")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """One error line for a ``--gpus``, ``--nnodes``, ``--device-memory-gb`` or ``--check-memory`` that
+    cannot mean anything (before a config is read)."""
+    import math
+    from pathlib import Path
+
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus}: must be a number of GPUs >= 1")
+    if args.nnodes is not None:
+        if args.gpus is None:
+            raise ConfigError(f"--nnodes {args.nnodes}: spreads --gpus over nodes; give --gpus N too")
+        if args.nnodes < 1 or args.gpus % args.nnodes:
+            raise ConfigError(f"--nnodes {args.nnodes}: must be >= 1 and divide --gpus {args.gpus} "
+                              "(the same number of GPUs on every node)")
+    mem = args.device_memory_gb
+    if mem is not None and not (math.isfinite(mem) and mem > 0):
+        raise ConfigError(f"--device-memory-gb {mem}: must be a memory size in GB > 0")
+    if args.check_memory and not (Path(args.check_memory) / "run_config.yaml").is_file():
+        raise ConfigError(f"--check-memory {args.check_memory}: no run_config.yaml there (give the folder of a "
+                          "finished run, its trainer.default_local_dir)")
+
+
 def pick_device(name: str | None, memory_gb: float | None) -> DeviceSpec:
     """``--device`` / ``--device-memory-gb``, else the visible device."""
     if name is not None:
@@ -48,14 +70,20 @@ def pick_device(name: str | None, memory_gb: float | None) -> DeviceSpec:
             raise ConfigError(f"--device {name}: unknown; known: {', '.join(k.lower() for k in SPECS)}")
         dev = SPECS[key]
     else:
-        dev = fake_device(memory_gb) if memory_gb else detect()
-    return replace(dev, memory_bytes=memory_gb * 1e9) if memory_gb else dev
+        dev = fake_device(memory_gb) if memory_gb is not None else detect()
+    return replace(dev, memory_bytes=memory_gb * 1e9) if memory_gb is not None else dev
 
 
-def _layouts(gpus: int, nnodes: int) -> list[tuple[int, int]]:
-    """(tp, pp) pairs for ``gpus`` GPUs: TP within a node (at most 8), PP over the rest."""
+def _layouts(gpus: int, nnodes: int, shape: Any = None) -> list[tuple[int, int]]:
+    """(tp, pp) pairs for ``gpus`` GPUs: TP within a node (at most 8), PP over the rest; with ``shape``
+    (:class:`rlforge.tune.shapes.ModelShape`), only a TP that divides the attention and KV heads and the
+    MLP width, and a PP that divides the layers (as the Megatron engine requires)."""
     per_node = max(1, gpus // max(1, nnodes))
-    return [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4) if tp <= per_node and gpus % (tp * pp) == 0]
+    out = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4) if tp <= per_node and gpus % (tp * pp) == 0]
+    if shape is not None:
+        out = [(tp, pp) for tp, pp in out if not (shape.heads % tp or shape.kv_heads % tp
+                                                  or shape.intermediate % tp or shape.layers % pp)]
+    return out
 
 
 def run_layouts(cfg: Any, dev: DeviceSpec, gpus: int, nnodes: int) -> str:
@@ -63,11 +91,12 @@ def run_layouts(cfg: Any, dev: DeviceSpec, gpus: int, nnodes: int) -> str:
     from rlforge.tune.apply import default_levers, fixed_levers
     from rlforge.tune.plan import Plan, choose
     from rlforge.tune.report import layout_table
+    from rlforge.tune.shapes import model_shape
     from rlforge.tune.tuner import inputs_for
     from rlforge.tune.workload import Layout
 
     plans: list[tuple[str, Plan | str]] = []
-    for tp, pp in _layouts(gpus, nnodes):
+    for tp, pp in _layouts(gpus, nnodes, model_shape(str(cfg.actor_rollout_ref.model.path))):
         lay = Layout(gpus, tp, pp, gpus // (tp * pp), nnodes)
         inp = inputs_for(cfg, dev, lay)
         if tp * pp > 1:
@@ -85,6 +114,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """``rlforge tune``: print the plan (module doc); returns the exit status."""
     from rlforge.config import load_config, validate_config
 
+    check_args(args)
     dev = pick_device(args.device, args.device_memory_gb)
     if args.check_memory:
         from pathlib import Path
@@ -102,7 +132,10 @@ def run_tune(args: argparse.Namespace) -> int:
     cfg = load_config(list(args.overrides), config_file=args.config_file, job=None if job in ("none", "") else job,
                       config_path=args.config_path, config_name=args.config_name)
     validate_config(cfg)
-    if args.gpus:
+    if args.gpus is not None:
+        if dev.is_cpu:
+            raise ConfigError(f"--gpus {args.gpus} plans GPUs, and this machine has none: add --device "
+                              "h100|h200|a100 or --device-memory-gb X")
         print(run_layouts(cfg, dev, args.gpus, args.nnodes or 1))
         return 0
     from rlforge.tune.report import tune_table

@@ -48,10 +48,15 @@ def measured_peaks(metrics_file: Path) -> dict[str, float]:
             row = json.loads(line)
         except ValueError:
             raise ConfigError(f"{metrics_file}:{i}: not a JSON line") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{metrics_file}:{i}: not a JSON object of metrics")
         for key, value in row.items():
             if key.startswith(PREFIX) and isinstance(value, (int, float)):
                 stage = key.removeprefix(PREFIX)
                 out[stage] = max(out.get(stage, 0.0), float(value))
+    if not out:
+        raise ConfigError(f"{metrics_file}: no {PREFIX}<stage> metrics (they are logged on a GPU); "
+                          "nothing to compare the memory model with")
     return out
 
 

@@ -155,8 +155,10 @@ def cannot_fit_message(inp: Inputs) -> str:
     need = minimum_bytes(inp.shape, wl)
     more = next((n for n in (2, 4, 8, 16, 32, 64) if n > wl.layout.world and minimum_bytes(
         inp.shape, replace(wl, layout=Layout(n, n if n <= 8 else 8, 1, max(1, n // 8)))) <= inp.limit), None)
+    device_gb = need / (inp.limit / inp.device.memory_bytes) / 1e9  # the usable share of a larger device
     hint = (f"it would take tensor parallelism over {more} GPUs (strategy=megatron)" if more
-            else "it needs a larger device")
-    return (f"the model ({inp.shape.params / 1e9:.2f}B parameters) cannot fit on {inp.device.name} "
+            else f"it needs a device of at least {device_gb:.0f} GB")
+    name = "a device given by --device-memory-gb" if inp.device.name == "fake" else inp.device.name
+    return (f"the model ({inp.shape.params / 1e9:.2f}B parameters) cannot fit on {name} "
             f"({inp.device.memory_bytes / 1e9:.0f} GB) even with parameter, optimizer and activation offload: "
             f"the memory model's minimum is {need / 1e9:.1f} GB per GPU against {inp.limit / 1e9:.1f} GB usable; {hint}")
