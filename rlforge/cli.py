@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         # overrides may also come after flags: `rlforge train a=1 --print-config b=2`
         if args.command in _OVERRIDE_COMMANDS and extra and not all(is_override(x) for x in extra):
-            raise UsageError(unknown_flag_message(extra))
+            raise UsageError(unknown_flag_message(extra, args.command))
     except UsageError as e:
         print(f"rlforge: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -73,8 +73,10 @@ def is_override(token: str) -> bool:
     return not token.startswith("-") and ("=" in token or token.startswith("~"))
 
 
-def unknown_flag_message(extra: Sequence[str]) -> str:
-    """The one-line error for arguments of ``rlforge train`` that argparse did not take."""
+def unknown_flag_message(extra: Sequence[str], command: str = "train") -> str:
+    """The one-line error for arguments of ``rlforge <command>`` that argparse did not take (``rlforge
+    <command> --help`` lists its flags)."""
     bad = next((x for x in extra if not is_override(x)), extra[0])
-    return (f"unrecognized argument {bad!r}; rlforge train takes {', '.join(TRAIN_FLAGS[:5])} and config "
+    flags = f"{', '.join(TRAIN_FLAGS[:5])}" if command == "train" else f"the flags of `rlforge {command} --help`"
+    return (f"unrecognized argument {bad!r}; rlforge {command} takes {flags} and config "
             "overrides key=value or --key=value, +key=value, ~key (e.g. trainer.total_training_steps=2)")

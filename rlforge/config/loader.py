@@ -265,7 +265,8 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
                 warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
                 continue
             hint = schema.closest_key(root, full)
-            suggestion = f"; did you mean '{hint}'?" if hint else "; see `rlforge train --print-config` for valid keys"
+            command = "train" if root is RLForgeConfig else "sft"  # the two schemas this loader reads
+            suggestion = f"; did you mean '{hint}'?" if hint else f"; see `rlforge {command} --print-config` for valid keys"
             where = "" if source.startswith("override") else f" in {source}"
             raise ConfigError(f"unknown config key '{full}'{where}{suggestion}")
         tp = hints[key]

@@ -213,3 +213,19 @@ def test_no_progress_bars_when_output_is_not_a_terminal(monkeypatch):
         import os
 
         assert os.environ.get("TQDM_DISABLE") == expected, (tty, preset)
+
+
+@pytest.mark.parametrize("command", ["check-config", "tune", "sft"])
+def test_an_unknown_flag_names_its_own_command(command, capsys):
+    from rlforge.cli import main
+
+    assert main([command, "--bogus-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"rlforge {command} takes" in err and "rlforge train" not in err, err
+
+
+def test_an_unknown_sft_key_points_to_rlforge_sft(capsys):
+    from rlforge.cli import main
+
+    assert main(["sft", "zzz.qqq=1"]) == 2
+    assert "see `rlforge sft --print-config`" in capsys.readouterr().err
