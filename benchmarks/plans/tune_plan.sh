@@ -32,7 +32,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   "$REPO"/.whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 RLFORGE_TEST_TOKENIZER=$REPO/.tok
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PYTEST="python3 -m pytest -q -p no:cacheprovider -rs"
+PYTEST="python3 -m pytest -n 0 -p no:cacheprovider -rs"  # one process on the one GPU (addopts has -n 2 and -q)
 
 E2E="python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --rlforge-setups rlforge,rlforge-hand,rlforge-auto"
 step_cuda() {  # param_offload in verl's meaning on CUDA, and the engine's CUDA tests
