@@ -42,7 +42,7 @@ plan() {
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
   mark() { date -u +"$1 %T" >> "$P/progress.txt"; }
   mark "start ($ngpu GPU)"
-  timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
+  timeout -k 5 150 python3 -m pytest -n 0 -p no:cacheprovider tests/rollout/test_native_cuda.py \
     tests/rollout/test_triton_fused.py > "$P/tests.txt" 2>&1
   mark tests
   mkdir -p "$P/work" && cd "$P/work" || return  # the profilers write their traces here (not collected)

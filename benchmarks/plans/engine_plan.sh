@@ -32,7 +32,7 @@ setup() {
 
 TT="$REPO/benchmarks/train_throughput.py"
 step_tests() {
-  timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py \
+  timeout -k 5 240 python3 -m pytest -n 0 -p no:cacheprovider tests/engine/test_engine_cuda.py \
     > "$P/tests.txt" 2>&1
 }
 step_train() {
@@ -64,7 +64,7 @@ step_tune05() {  # 0.5B update: token budget x checkpointing, 256 sequences, the
     --seqs 256 --budget 16384 --rows fsdp2-dyn-ckpt --profile > "$P/prof05.txt" 2>&1
 }
 step_liger() {  # liger-kernel and reshard_after_forward=false on 1.5B (64 seqs) and 0.5B (256 seqs, 64k budget)
-  timeout -k 5 120 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py -k liger \
+  timeout -k 5 120 python3 -m pytest -n 0 -p no:cacheprovider tests/engine/test_engine_cuda.py -k liger \
     > "$P/liger_test.txt" 2>&1
   timeout -k 10 200 python3 "$TT" --model qwen2.5-1.5b --tokenizer "$REPO/.tok" --head chunked --iters 3 \
     --rows fsdp2-dyn,fsdp2-dyn-nrs,fsdp2-dyn-liger,fsdp2-dyn-nrs-liger > "$P/liger15.txt" 2>&1
@@ -77,7 +77,7 @@ step_prof05l() {  # profile of the 0.5B update with liger + no reshard, 64k budg
     --seqs 256 --budget 65536 --rows fsdp2-dyn-nrs-liger --profile > "$P/prof05l.txt" 2>&1
 }
 step_head() {  # Triton chunk kernels of the LM head: CUDA tests (+ split-KV, engine), then the head micro-benchmark
-  timeout -k 5 360 python3 -m pytest -q -p no:cacheprovider tests/roles/test_fused_head_cuda.py \
+  timeout -k 5 360 python3 -m pytest -n 0 -p no:cacheprovider tests/roles/test_fused_head_cuda.py \
     tests/rollout/test_split_kv_cuda.py tests/engine/test_engine_cuda.py > "$P/head_tests.txt" 2>&1
   timeout -k 5 150 python3 benchmarks/head_bench.py > "$P/head_bench.txt" 2>&1
 }
@@ -108,11 +108,11 @@ step_lora7b() {  # issue 19: 7B LoRA rank 64, 3 measured steps, beside the full 
     --rlforge-extra actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128 > "$P/lora7b.txt" 2>&1
 }
 step_rm() {  # issue 20: reward-model scoring throughput on a 1.5B-shaped model, and its CUDA tests
-  timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider tests/rewards/test_model_reward_cuda.py > "$P/rm_tests.txt" 2>&1
+  timeout -k 5 200 python3 -m pytest -n 0 -p no:cacheprovider tests/rewards/test_model_reward_cuda.py > "$P/rm_tests.txt" 2>&1
   timeout -k 10 300 python3 benchmarks/rm_throughput.py > "$P/rm.txt" 2>&1
 }
 step_sync() {  # issue 15: staged micro-batches (no host sync in the loop): CUDA test, then old (.old/, carried) vs new
-  timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py > "$P/sync_tests.txt" 2>&1
+  timeout -k 5 200 python3 -m pytest -n 0 -p no:cacheprovider tests/engine/test_engine_cuda.py > "$P/sync_tests.txt" 2>&1
   for rep in 1 2; do
     for tree in old new; do
       local pp=$REPO; [ $tree = old ] && pp=$REPO/.old
@@ -134,7 +134,7 @@ step_pg() {  # use_prefix_grouper off / on, rlforge only, 0.5B and 1.5B, issue 1
   done; done
 }
 step_mem() {  # allocated memory between steps: 0.5B rlforge only, 10 measured steps, small workload
-  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_native_cuda.py \
+  timeout -k 5 300 python3 -m pytest -n 0 -p no:cacheprovider tests/rollout/test_native_cuda.py \
     tests/rollout/test_split_kv_cuda.py tests/engine/test_engine_cuda.py \
     > "$P/mem_tests.txt" 2>&1
   timeout -k 10 300 python3 benchmarks/e2e_grpo.py --tokenizer "$REPO/.tok" --models qwen2.5-0.5b --skip-trl \

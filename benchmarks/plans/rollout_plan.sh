@@ -63,7 +63,7 @@ setup() {
 }
 
 step_tests() {
-  timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
+  timeout -k 5 300 python3 -m pytest -n 0 -p no:cacheprovider tests/rollout/test_split_kv_cuda.py \
     tests/rollout/test_split_kv.py tests/rollout/test_native_cuda.py tests/rollout/test_triton_fused.py \
     tests/rollout/test_triton_sampler.py tests/engine/test_prefix_grouper.py \
     > "$P/tests.txt" 2>&1
