@@ -25,6 +25,7 @@ import torch
 
 from rlforge.batch import Batch
 from rlforge.errors import ConfigError, RewardError
+from rlforge.rewards.decode import decode_masked
 from rlforge.rollout.base import SamplingParams
 
 TEMPLATE_KEY = "reward_model.judge.prompt_template"
@@ -201,7 +202,6 @@ def engine_generate(module: torch.nn.Module, tokenizer: Any, device: torch.devic
         finally:
             if device.type != "cpu":
                 module.to("cpu")
-        rows = [r[m != 0].tolist() for r, m in zip(out["responses"].cpu(), out["response_mask"].cpu(), strict=True)]
-        return list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+        return decode_masked(tokenizer, out["responses"], out["response_mask"])
 
     return generate

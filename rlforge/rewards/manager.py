@@ -38,6 +38,7 @@ from rlforge.batch import Batch
 from rlforge.errors import RewardError
 from rlforge.registry import Registry
 from rlforge.rewards.custom import check_result, load_custom_reward_function, sample_where
+from rlforge.rewards.decode import decode_masked
 from rlforge.rewards.exits import USER_EXITS, SigintWatch, exit_error, exit_reason
 from rlforge.rewards.numeric import looks_like_float_column
 from rlforge.rewards.overlong import overlong_penalty
@@ -134,8 +135,7 @@ class RewardManager:
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """Decode the tokens where ``response_mask`` is 1, skipping special tokens."""
-        rows = [r[m != 0].tolist() for r, m in zip(responses.cpu(), response_mask.cpu(), strict=True)]
-        return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+        return decode_masked(self.tokenizer, responses, response_mask)
 
     # ------------------------------------------------------------------ the part a manager changes
 

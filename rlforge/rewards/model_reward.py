@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from rlforge.batch import Batch
+from rlforge.rewards.decode import decode_masked
 from rlforge.rewards.manager import RewardOutput, last_valid_index
 
 COMBINE = ("override", "sum")
@@ -43,8 +44,7 @@ def prompt_messages(batch: Batch, tokenizer: Any) -> list[Any]:
         return [list(m) if not isinstance(m, str) else m for m in raw]
     prompts = batch["prompts"].cpu()
     mask = batch["attention_mask"][:, : prompts.shape[1]].cpu()
-    return list(tokenizer.batch_decode([p[m != 0].tolist() for p, m in zip(prompts, mask, strict=True)],
-                                       skip_special_tokens=True))
+    return decode_masked(tokenizer, prompts, mask)
 
 
 def prompt_text(prompt: Any) -> str:
