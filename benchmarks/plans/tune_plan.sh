@@ -4,6 +4,7 @@
 # CUDA tests of param_offload. Run from the repository root:
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
+#                                                                         backoff auto05a auto15r auto7
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -46,7 +47,7 @@ step_auto05() {  # 0.5B: verl's defaults, hand-tuned, auto; 5 measured steps aft
 }
 step_mem() {  # the memory model against each auto run's perf/max_memory_allocated_gb/<stage>
   local d
-  for d in /tmp/e2e05/rep*/rlforge-auto_* /tmp/e2e05/rep*/rlforge-hand_* /tmp/e2e15/rep*/rlforge-auto_*; do
+  for d in /tmp/e2e05/rep*/rlforge-auto_* /tmp/e2e05/rep*/rlforge-hand_* /tmp/e2e15/rep*/rlforge-*_* /tmp/e2e7/rep*/rlforge-*_*; do
     [ -d "$d" ] || continue
     echo "== $d" >> "$OUT/mem.txt"; timeout -k 5 60 python3 -m rlforge.cli tune --check-memory "$d" >> "$OUT/mem.txt" 2>&1
   done
@@ -63,6 +64,27 @@ step_auto15() {  # 1.5B: hand-tuned and auto, one repetition each (budget)
   timeout -k 5 ${AUTO15_LIMIT:-900} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-1.5b \
     --rlforge-setups rlforge-hand,rlforge-auto --reps 1 --out /tmp/e2e15 > "$OUT/auto15.txt" 2>&1
   cp /tmp/e2e15/*.md "$OUT"/auto15.md 2>/dev/null
+}
+step_backoff() {  # the online back-off on a real CUDA out-of-memory error
+  timeout -k 5 ${BACKOFF_LIMIT:-180} $PYTEST tests/trainer/test_backoff_cuda.py > "$OUT/backoff.txt" 2>&1
+}
+step_auto05a() {  # 0.5B as a user runs it (GPU busy over the step), 3 repetitions
+  timeout -k 5 ${AUTO05A_LIMIT:-420} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-0.5b \
+    --rlforge-setups rlforge-auto --reps ${REPS05:-3} --out /tmp/e2e05 > "$OUT/auto05a.txt" 2>&1
+  cp /tmp/e2e05/*.md "$OUT"/auto05a.md 2>/dev/null
+}
+step_auto15r() {  # 1.5B: hand-tuned and auto, interleaved repetitions
+  timeout -k 5 ${AUTO15_LIMIT:-900} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-1.5b \
+    --rlforge-setups rlforge-hand,rlforge-auto --reps ${REPS15:-2} --out /tmp/e2e15 > "$OUT/auto15.txt" 2>&1
+  cp /tmp/e2e15/*.md "$OUT"/auto15.md 2>/dev/null
+  grep -h -A22 "rlforge tune" /tmp/e2e15/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/auto15_table.txt"
+}
+step_auto7() {  # 7B, 32 x 8, 256 + 512: the hand setting (optimizer offload) and auto
+  timeout -k 5 ${AUTO7_LIMIT:-900} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-7b \
+    --prompts 32 --response-len 512 --rlforge-setups rlforge,rlforge-auto --reps ${REPS7:-1} \
+    --rlforge-extra actor_rollout_ref.actor.fsdp_config.optimizer_offload=true --out /tmp/e2e7 > "$OUT/auto7.txt" 2>&1
+  cp /tmp/e2e7/*.md "$OUT"/auto7.md 2>/dev/null
+  grep -h -A22 "rlforge tune" /tmp/e2e7/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/auto7_table.txt"
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-cuda auto05 mem plan}; do
