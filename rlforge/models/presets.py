@@ -39,11 +39,36 @@ PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
         ),
     ),
+    "qwen2.5-3b": (
+        Qwen2Config,
+        dict(
+            hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+            num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+            vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        ),
+    ),
     "qwen2.5-7b": (
         Qwen2Config,
         dict(
             hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
             num_key_value_heads=4, max_position_embeddings=32768, tie_word_embeddings=False,
+            vocab_size=152064, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        ),
+    ),
+    # Several-GPU models, for planning (``rlforge tune --gpus N``); building one takes its full memory.
+    "qwen2.5-32b": (
+        Qwen2Config,
+        dict(
+            hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+            num_key_value_heads=8, max_position_embeddings=32768, tie_word_embeddings=False,
+            vocab_size=152064, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        ),
+    ),
+    "qwen2.5-72b": (
+        Qwen2Config,
+        dict(
+            hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+            num_key_value_heads=8, max_position_embeddings=32768, tie_word_embeddings=False,
             vocab_size=152064, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
         ),
     ),

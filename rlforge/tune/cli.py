@@ -86,6 +86,17 @@ def _layouts(gpus: int, nnodes: int, shape: Any = None) -> list[tuple[int, int]]
     return out
 
 
+def rollout_tp_for(shape: Any, dev: DeviceSpec, per_node: int, configured: int = 1) -> int:
+    """``rollout.tensor_model_parallel_size`` for ``rlforge tune --gpus``: the configured one where it is above 1,
+    else the smallest of 1, 2, 4, 8 (within a node, dividing the attention heads) whose slice of the bf16 rollout
+    weights and the engine's packed copies take at most half the device, leaving the rest to the KV cache."""
+    if configured > 1:
+        return configured
+    fits = [t for t in (1, 2, 4, 8) if t <= per_node and not shape.heads % t]
+    return next((t for t in fits if 2.0 * (shape.params + shape.packed_params) / t <= 0.5 * dev.memory_bytes),
+                fits[-1] if fits else 1)
+
+
 def run_layouts(cfg: Any, dev: DeviceSpec, gpus: int, nnodes: int) -> str:
     """The ``--gpus`` table: each layout's plan, all predicted."""
     from rlforge.tune.apply import default_levers, fixed_levers
@@ -93,15 +104,18 @@ def run_layouts(cfg: Any, dev: DeviceSpec, gpus: int, nnodes: int) -> str:
     from rlforge.tune.report import layout_table
     from rlforge.tune.shapes import model_shape
     from rlforge.tune.tuner import inputs_for
-    from rlforge.tune.workload import Layout
+    from rlforge.tune.workload import Layout, users_rollout_tp
 
     plans: list[tuple[str, Plan | str]] = []
-    for tp, pp in _layouts(gpus, nnodes, model_shape(str(cfg.actor_rollout_ref.model.path))):
-        lay = Layout(gpus, tp, pp, gpus // (tp * pp), nnodes)
+    shape = model_shape(str(cfg.actor_rollout_ref.model.path))
+    rtp = rollout_tp_for(shape, dev, max(1, gpus // max(1, nnodes)), users_rollout_tp(cfg, gpus))
+    for tp, pp in _layouts(gpus, nnodes, shape):
+        lay = Layout(gpus, tp, pp, gpus // (tp * pp), nnodes, rtp)
         inp = inputs_for(cfg, dev, lay)
         if tp * pp > 1:
             inp = replace(inp, workload=replace(inp.workload, strategy="megatron"))
-        name = f"FSDP {lay.fsdp} x TP {tp} x PP {pp}" + (" (strategy=megatron)" if tp * pp > 1 else "")
+        name = (f"FSDP {lay.fsdp} x TP {tp} x PP {pp}" + (" (strategy=megatron)" if tp * pp > 1 else "")
+                + (f", rollout TP {rtp}" if rtp > 1 else ""))
         try:
             plans.append((name, choose(inp, fixed_levers(cfg), default_levers())))
         except ConfigError as e:

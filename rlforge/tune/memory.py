@@ -10,8 +10,9 @@ resident (every stage)
     critic's own resident weights and moments when they run.  The reference under LoRA is the actor
     itself (adapters off): nothing extra.
 gen
-    resident + the native engine's packed Q/K/V and gate/up copies (bf16) + its logits/sampling scratch
-    ``2 * min(max_num_seqs, rows) * V * 4`` + the KV cache: every row at full length, capped by
+    resident + the native engine's packed Q/K/V and gate/up copies (bf16, ``1/t`` of them with rollout TP)
+    + its logits/sampling scratch ``2 * min(max_num_seqs, t * rows) * V * 4`` + the KV cache: every row of
+    the rollout group (``t * rows``) at full length, ``1/min(t, kv_heads)`` of its heads, capped by
     ``gpu_memory_utilization * total - rollout weights - copies - scratch``
     (:meth:`rlforge.rollout.native.engine.NativeRollout._num_blocks`).  With ``free_cache_engine=false``
     the cache, copies and scratch stay allocated in every other stage too.
@@ -95,7 +96,7 @@ def resident(shape: ModelShape, wl: Workload, lev: Levers, critic: ModelShape | 
     parts = {
         "actor weights": 0.0 if lev.param_offload else wl.master_bytes * shape.params / s,
         "actor optimizer": 0.0 if lev.optimizer_offload else 8 * trainable_params(shape, wl) / s,
-        "rollout weights": 2.0 * shape.params,
+        "rollout weights": 2.0 * shape.params / wl.layout.rollout_tp,
     }
     if wl.ref and wl.lora_rank <= 0 and not lev.ref_param_offload:
         parts["ref weights"] = wl.master_bytes * shape.params / s
@@ -140,9 +141,12 @@ def activation_bytes(shape: ModelShape, wl: Workload, lev: Levers, tokens: int, 
 
 def gen_memory(shape: ModelShape, wl: Workload, lev: Levers, dev: DeviceSpec, res: dict[str, float]) -> StageMemory:
     """The ``gen`` stage (module doc)."""
-    copies = 2.0 * shape.packed_params
-    scratch = 2.0 * min(lev.max_num_seqs, wl.rows) * shape.vocab * 4
-    need = float(wl.rows * wl.seq_len * shape.kv_bytes_per_token())
+    t = wl.layout.rollout_tp
+    copies = 2.0 * shape.packed_params / t
+    scratch = 2.0 * min(lev.max_num_seqs, wl.rows * t) * shape.vocab * 4
+    # a rollout group of t ranks generates the rows of all t; each rank keeps 1/t of the KV heads (a KV head
+    # is repeated where there are fewer KV heads than ranks)
+    need = float(wl.rows * t * wl.seq_len * shape.kv_bytes_per_token()) / min(t, shape.kv_heads)
     cap = lev.gpu_memory_utilization * dev.memory_bytes - res["rollout weights"] - copies - scratch
     free = dev.memory_bytes - sum(res.values())
     kv = max(0.0, min(need, cap, 0.9 * free - scratch - copies))

@@ -23,13 +23,16 @@ class Layout:
     pp: int = 1
     fsdp: int = 1
     nodes: int = 1
+    rollout_tp: int = 1
+    """``rollout.tensor_model_parallel_size``: ranks that generate with one model copy, split by heads."""
 
     @property
     def dp(self) -> int:
         return max(1, self.world // (self.tp * self.pp))
 
     def describe(self) -> str:
-        return f"{self.world} GPU{'s' if self.world != 1 else ''} (FSDP {self.fsdp} x TP {self.tp} x PP {self.pp})"
+        roll = f", rollout TP {self.rollout_tp}" if self.rollout_tp > 1 else ""
+        return f"{self.world} GPU{'s' if self.world != 1 else ''} (FSDP {self.fsdp} x TP {self.tp} x PP {self.pp}{roll})"
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,17 @@ def layout_of(cfg: Any, gpus: int | None = None, nnodes: int | None = None) -> L
         tp, pp = int(actor.megatron.tensor_model_parallel_size), int(actor.megatron.pipeline_model_parallel_size)
     dp = max(1, world // (tp * pp))
     size = int(actor.fsdp_config.fsdp_size)
-    return Layout(world, tp, pp, dp if size <= 0 else min(size, dp), nodes)
+    return Layout(world, tp, pp, dp if size <= 0 else min(size, dp), nodes, users_rollout_tp(cfg, world))
+
+
+def users_rollout_tp(cfg: Any, world: int) -> int:
+    """The rollout's tensor-parallel size on ``world`` ranks: ``rollout.tensor_model_parallel_size`` where the
+    user set it and it divides ``world``, else 1 (verl's default of 2 is not the user's choice)."""
+    from rlforge.tune.unset import is_users
+
+    t = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    return t if t > 1 and world % t == 0 and is_users(cfg, key) else 1
 
 
 def workload_of(cfg: Any, layout: Layout | None = None) -> Workload:

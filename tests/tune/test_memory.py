@@ -81,3 +81,37 @@ def test_one_point_five_b_hand_tuned_is_near_the_measured_104_gb():
                  remove_padding=True)
     got = stage_memory(model_shape("preset:qwen2.5-1.5b"), wl, lev, fake_device(150))["update_actor"].total / 1e9
     assert abs(got - 104.4) / 104.4 < 0.10
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_rollout_tensor_parallel_gen_by_hand(t):
+    """A rollout group of t ranks: 1/t of the weights and packed copies per rank, the group's t x 8 rows of KV
+    split over min(t, 2 KV heads) ranks (tiny has 2 KV heads: with t=4 each KV head sits on two ranks)."""
+    wl = Workload(rows=8, mini_rows=8, prompt_len=16, response_len=16, layout=Layout(world=t, fsdp=t, rollout_tp=t))
+    gen = stage_memory(TINY, wl, Levers(), fake_device(80))["gen"].parts
+    assert gen["rollout weights"] == 2 * TINY.params / t
+    assert gen["packed rollout weights"] == 2 * TINY.packed_params / t
+    assert gen["KV cache"] == t * 8 * 32 * (2 * 2 * 32 * 2) / min(t, 2)
+    assert gen["sampling scratch"] == 2 * (8 * t) * 100 * 4
+
+
+def test_rollout_tp_for_gpus_plans_by_hand():
+    from rlforge.tune.cli import rollout_tp_for
+    from rlforge.tune.device import SPECS
+
+    h200 = SPECS["H200"]  # 2 x (P + packed) bf16 must take at most half of its memory
+    assert rollout_tp_for(model_shape("preset:qwen2.5-7b"), h200, 8) == 1  # 28 GB
+    assert rollout_tp_for(model_shape("preset:qwen2.5-32b"), h200, 8) == 2  # 125 GB / 2
+    assert rollout_tp_for(model_shape("preset:qwen2.5-72b"), h200, 8) == 4  # 270 GB / 4
+    assert rollout_tp_for(model_shape("preset:qwen2.5-72b"), h200, 2) == 2  # no more than a node's GPUs
+    assert rollout_tp_for(model_shape("preset:qwen2.5-7b"), h200, 8, configured=4) == 4
+
+
+def test_users_rollout_tp_counts_only_a_users_value_that_divides_the_world():
+    from rlforge.config import load_config
+    from rlforge.tune.workload import users_rollout_tp
+
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert users_rollout_tp(load_config([]), 8) == 1  # verl's default of 2 is not the user's
+    assert users_rollout_tp(load_config([f"{key}=4"]), 8) == 4
+    assert users_rollout_tp(load_config([f"{key}=3"]), 8) == 1
