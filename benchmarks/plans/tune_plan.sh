@@ -4,7 +4,7 @@
 # CUDA tests of param_offload. Run from the repository root:
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
-#                                                                         backoff auto05a auto15r auto7
+#                                                                         backoff auto05a auto15r auto7 shape3
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -47,7 +47,7 @@ step_auto05() {  # 0.5B: verl's defaults, hand-tuned, auto; 5 measured steps aft
 }
 step_mem() {  # the memory model against each auto run's perf/max_memory_allocated_gb/<stage>
   local d
-  for d in /tmp/e2e05/rep*/rlforge-auto_* /tmp/e2e05/rep*/rlforge-hand_* /tmp/e2e15/rep*/rlforge-*_* /tmp/e2e7/rep*/rlforge-*_*; do
+  for d in /tmp/e2e05/rep*/rlforge-auto_* /tmp/e2e05/rep*/rlforge-hand_* /tmp/e2e15/rep*/rlforge-*_* /tmp/e2e7/rep*/rlforge-*_* /tmp/e2e3/rep*/rlforge-*_*; do
     [ -d "$d" ] || continue
     echo "== $d" >> "$OUT/mem.txt"; timeout -k 5 60 python3 -m rlforge.cli tune --check-memory "$d" >> "$OUT/mem.txt" 2>&1
   done
@@ -85,6 +85,12 @@ step_auto7() {  # 7B, 32 x 8, 256 + 512: the hand setting (optimizer offload) an
     --rlforge-extra actor_rollout_ref.actor.fsdp_config.optimizer_offload=true --out /tmp/e2e7 > "$OUT/auto7.txt" 2>&1
   cp /tmp/e2e7/*.md "$OUT"/auto7.md 2>/dev/null
   grep -h -A22 "rlforge tune" /tmp/e2e7/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/auto7_table.txt"
+}
+step_shape3() {  # a shape nothing was tuned on: 3B, responses of up to 768 tokens
+  timeout -k 5 ${SHAPE3_LIMIT:-700} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-3b \
+    --response-len 768 --rlforge-setups rlforge-hand,rlforge-auto --reps ${REPS3:-1} --out /tmp/e2e3 > "$OUT/shape3.txt" 2>&1
+  cp /tmp/e2e3/*.md "$OUT"/shape3.md 2>/dev/null
+  grep -h -A22 "rlforge tune" /tmp/e2e3/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/shape3_table.txt"
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-cuda auto05 mem plan}; do
