@@ -9,6 +9,8 @@
     rlforge perf report RUN_DIR [--out DIR]
     rlforge perf trace FILE [--gaps K] [--top K] [--min-gap-ms X]
     rlforge export CHECKPOINT --out HF_DIR [--dtype D] [--model-path P] [--tokenizer-path P]
+    rlforge launch --rdzv-endpoint HOST:PORT | --slurm [--max-restarts K] [train's flags and overrides]
+                 (one node's ranks of a trainer.nnodes run, or its sbatch script: docs/multinode.md)
     rlforge tune [train's config flags and overrides] [--gpus N [--nnodes M]] [--device D] [--probe]
                  [--check-memory RUN_DIR]   (docs/tuning.md)
 
@@ -175,7 +177,7 @@ def _tune(cfg: object) -> list[str]:
     return tune_at_start(cfg, SPECS["cpu"] if on_cpu else detect(), out=_print)
 
 
-_OVERRIDE_COMMANDS = ("train", "sft", "check-config", "tune")
+_OVERRIDE_COMMANDS = ("train", "sft", "check-config", "tune", "launch")
 """Commands that take ``key=value`` overrides (also after their flags)."""
 
 
@@ -239,11 +241,13 @@ def _build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--top", type=_count, metavar="K", default=15, help="kernels to show (default 15)")
     tr.add_argument("--min-gap-ms", type=_milliseconds, metavar="X", default=0.0,
                     help="ignore gaps shorter than X ms (default 0)")
+    from rlforge.multinode import add_launch_parser
     from rlforge.trainer.export import add_export_parser
     from rlforge.tune.cli import add_tune_parser
 
     add_export_parser(sub)
     add_tune_parser(sub)
+    add_launch_parser(sub)
     return p
 
 
@@ -285,6 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = None if job in ("none", "") else job
             return run_train(args.overrides, args.config_file, job, args.print_config, started,
                              args.config_path, args.config_name)
+        if args.command == "launch":
+            from rlforge.multinode import run_launch
+
+            return run_launch(args)
         if args.command == "tune":
             from rlforge.tune.cli import run_tune
 

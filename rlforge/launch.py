@@ -4,7 +4,8 @@
 ``torchrun --standalone --nproc_per_node=K -m rlforge.cli train ...`` in-process (through
 ``torch.distributed.run``).  On a CPU-only machine (``trainer.device=cpu``) the K processes
 use gloo: the same code path, useful for tests.  ``trainer.nnodes=N`` (N > 1) needs one
-launch per node with a rendezvous endpoint; rlforge prints the exact command instead.
+launch per node with a rendezvous endpoint; rlforge prints the ``rlforge launch`` command
+(:mod:`rlforge.multinode`) to run on each node instead.
 
 Under any launcher (``WORLD_SIZE`` set: torchrun, or the launch above) the world size is the
 launcher's (:mod:`rlforge.config.world`), and a user error is printed once, by rank 0
@@ -78,15 +79,9 @@ def _leave_process_group(timeout_s: float = 10.0) -> None:
 
 
 def torchrun_command(cfg: Any, argv: Sequence[str]) -> list[str]:
-    """The torchrun command line that runs this job on each node."""
+    """The torchrun command line that runs this one-node job (several nodes: :mod:`rlforge.multinode`)."""
     t = cfg.trainer
-    cmd = ["torchrun", f"--nproc_per_node={t.n_gpus_per_node}"]
-    if t.nnodes > 1:
-        cmd += [f"--nnodes={t.nnodes}", "--rdzv_backend=c10d", "--rdzv_endpoint=$MASTER_ADDR:29500",
-                "--rdzv_id=rlforge"]
-    else:
-        cmd += ["--standalone"]
-    return cmd + ["-m", "rlforge.cli", "train", *argv]
+    return ["torchrun", f"--nproc_per_node={t.n_gpus_per_node}", "--standalone", "-m", "rlforge.cli", "train", *argv]
 
 
 def maybe_launch(cfg: Any, argv: Sequence[str]) -> int | None:
@@ -102,10 +97,12 @@ def maybe_launch(cfg: Any, argv: Sequence[str]) -> int | None:
     if t.nnodes * t.n_gpus_per_node <= 1 or under_launcher():
         return None
     if t.nnodes > 1:
-        cmd = " ".join(shlex.quote(c) if "$" not in c else c for c in torchrun_command(cfg, argv))
+        cmd = " ".join(shlex.quote(c) for c in argv)
         print(
-            f"rlforge: trainer.nnodes={t.nnodes}: start this on every node (MASTER_ADDR = the first node's address):\n"
-            f"  {cmd}",
+            f"rlforge: trainer.nnodes={t.nnodes}: start this on every node (HOST = the first node's address, "
+            f"PORT a free port there; docs/multinode.md):\n"
+            f"  rlforge launch --rdzv-endpoint HOST:PORT {cmd}\n"
+            f"or `rlforge launch --slurm {cmd}` for a SLURM batch script",
             file=sys.stderr,
         )
         return 2

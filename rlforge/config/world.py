@@ -29,11 +29,26 @@ class World:
     source: str
 
 
+def _check_nodes(nnodes: int) -> None:
+    """``trainer.nnodes``, where set, against the nodes torchrun's rendezvous joined (``GROUP_WORLD_SIZE``).
+
+    Raises:
+        ConfigError: they differ.
+    """
+    nodes = os.environ.get("GROUP_WORLD_SIZE", "")
+    if nnodes != TrainerConfig.nnodes and nodes.isdigit() and int(nodes) != nnodes:
+        raise ConfigError(
+            f"trainer.nnodes={nnodes}, but torchrun's rendezvous joined {nodes} node(s) (GROUP_WORLD_SIZE={nodes}); "
+            f"start every node with the same --nnodes and trainer.nnodes"
+        )
+
+
 def run_world(cfg: Any) -> World:
     """The run's world size: ``WORLD_SIZE`` when a launcher set it, else the config's.
 
     Raises:
-        ConfigError: ``WORLD_SIZE`` is not a whole number >= 1, or ``trainer.nnodes x
+        ConfigError: ``WORLD_SIZE`` is not a whole number >= 1, ``trainer.nnodes`` (where set) is not the
+            number of nodes torchrun joined (``GROUP_WORLD_SIZE``), or ``trainer.nnodes x
             trainer.n_gpus_per_node`` was set (differs from its default) and disagrees with it.
     """
     nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
@@ -44,6 +59,7 @@ def run_world(cfg: Any) -> World:
     if not (env.strip().isdigit() and int(env) >= 1):
         raise ConfigError(f"the launcher's WORLD_SIZE={env!r} is not a process count (a whole number >= 1)")
     launched = int(env)
+    _check_nodes(nnodes)
     default = TrainerConfig.nnodes * TrainerConfig.n_gpus_per_node
     if configured != default and configured != launched:
         if launched % nnodes == 0:

@@ -64,9 +64,26 @@ def init_distributed(device_type: str = "cuda", timeout: timedelta | None = None
         if device_type == "cuda":
             torch.cuda.set_device(local)
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world,
-                                timeout=timeout)
+                                timeout=timeout, store=restart_store(timeout))
     device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
     return DistInfo(rank, world, local, device)
+
+
+def restart_store(timeout: timedelta | None = None) -> dist.Store | None:
+    """The store of a group restarted by torchrun (``--max-restarts``), or None for torch's ``env://``.
+
+    torchrun's agent keeps one TCPStore (``TORCHELASTIC_USE_AGENT_STORE=True``) for every restart of
+    its workers, and torch's ``env://`` handler adds no per-attempt prefix: a restarted group would
+    read the previous attempt's keys (the dead ranks' gloo addresses, NCCL ids) and fail to connect.
+    Restarted workers (``TORCHELASTIC_RESTART_COUNT`` > 0) therefore take their keys under
+    ``rlforge/attempt_<n>/`` of the agent's store.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                           timeout=timeout or timedelta(minutes=30))
+    return dist.PrefixStore(f"rlforge/attempt_{attempt}/", client)
 
 
 def init_single_process(device: torch.device, timeout: timedelta | None = None) -> DistInfo:

@@ -74,3 +74,15 @@ def test_a_user_error_under_a_launcher_is_printed_by_rank_0(monkeypatch, capsys,
     err = capsys.readouterr().err
     # rank 0 at once; another rank only after the wait (the launcher normally stops it first)
     assert err == ("rlforge: error: bad key\n" if rank == 0 else "rlforge: error: (rank 1) bad key\n")
+
+
+def test_nnodes_that_disagree_with_the_nodes_torchrun_joined_name_both(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "3")  # torchrun: 3 launchers of 2 ranks met
+    with pytest.raises(ConfigError, match=r"trainer.nnodes=2, but torchrun's rendezvous joined 3 node\(s\) "
+                       r"\(GROUP_WORLD_SIZE=3\); start every node with the same --nnodes and trainer.nnodes"):
+        run_world(load_config(["trainer.nnodes=2"]))
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert run_world(load_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=2"])).size == 4
+    assert run_world(load_config([])).size == 4  # trainer.nnodes unset: the launcher's shape
