@@ -116,6 +116,10 @@ def check_batch_sharding(cfg: Any, world: int, source: str, uses_ref: bool, uses
         dp = data_parallel_size(block, strategy, world)
         what = (f"the {dp} data-parallel replicas of {key}.megatron (world / tensor x pipeline sizes)"
                 if strategy == "megatron" else f"the {world} ranks")
+        if lay.mode == "replica_samples" and strategy != "megatron":
+            raise ConfigError(f"{head}; {s} samples do not divide by the {world} ranks, which {key}.strategy="
+                              f"{strategy} needs (only strategy=megatron spreads a replica's samples over its "
+                              f"model-parallel ranks); make {s} a multiple of {world}")
         if s % dp:
             raise ConfigError(f"{head}, but {s} is not divisible by {what}; make data.train_batch_size x "
                               f"{_ARR}.rollout.n a multiple of {dp}")
@@ -125,10 +129,6 @@ def check_batch_sharding(cfg: Any, world: int, source: str, uses_ref: bool, uses
             raise ConfigError(f"{head}, but {role}.ppo_mini_batch_size x {_ARR}.rollout.n = {mini} x {n} = "
                               f"{mini * n} samples per mini-batch is not divisible by {what}; pick a "
                               f"ppo_mini_batch_size whose samples divide by {dp}")
-        if lay.mode == "replica_samples" and strategy != "megatron":
-            raise ConfigError(f"{head}; {s} samples do not divide by the {world} ranks, which {key}.strategy="
-                              f"{strategy} needs (only strategy=megatron spreads a replica's samples over its "
-                              f"model-parallel ranks); make {s} a multiple of {world}")
         if lay.mode == "replica_samples" and key == "critic" and bs // max(1, mini) != lay.num_mini_batches:
             raise ConfigError(f"{head} unevenly; critic.ppo_mini_batch_size={mini} must then equal "
                               f"{_ARR}.actor.ppo_mini_batch_size={cfg.actor_rollout_ref.actor.ppo_mini_batch_size}")

@@ -43,3 +43,29 @@ def test_one_process_equals_two_ranks_sharing_a_group(tmp_path):
     # the norm of a gradient summed in another order (two ranks' halves): float32 noise, ~3e-6 relative
     assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-5)
     dc.close_states(one["state"], two["state"], atol=1e-6)
+
+
+SMALL = ["data.max_response_length=2", "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=2",
+         "trainer.total_training_steps=2", "trainer.save_freq=-1"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("extra", [
+    # samples: 1 prompt x n=4 on 2 ranks, 2 samples each
+    ["actor_rollout_ref.rollout.n=4"],
+    # replica_samples: 1 sample on pp=2 x dp=1; rank 0 (which logs) holds none
+    ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.strategy=megatron",
+     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "trainer.balance_batch=false"],
+], ids=["samples", "replica_samples"])
+def test_rlforge_train_with_fewer_prompts_than_ranks(tmp_path, extra):
+    from test_multiprocess_train import failure, rlforge
+
+    res = rlforge(*SMALL, *extra, f"trainer.default_local_dir={tmp_path}")
+    assert res.returncode == 0, failure(res)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        finite = {k: v for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not finite, finite  # an empty rank must not bring a NaN into the logged means
+        assert r["response_length/mean"] == 2.0 and r["actor/grad_norm"] > 0
