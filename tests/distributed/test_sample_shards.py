@@ -68,4 +68,5 @@ def test_rlforge_train_with_fewer_prompts_than_ranks(tmp_path, extra):
     for r in rows:
         finite = {k: v for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not finite, finite  # an empty rank must not bring a NaN into the logged means
-        assert r["response_length/mean"] == 2.0 and r["actor/grad_norm"] > 0
+        assert r["response_length/mean"] == 2.0
+    assert any(r["actor/grad_norm"] > 0 for r in rows)  # (a group whose 4 scores agree has no gradient)
