@@ -76,7 +76,9 @@ class DataConfig:
     max_response_length: int = 512
     """Maximum generated response length in tokens."""
     train_batch_size: int = 1024
-    """Prompts per training step (before ``rollout.n`` responses each)."""
+    """Prompts per training step (before ``rollout.n`` responses each).  On several ranks either the
+    world divides it (each rank takes whole prompts) or the data-parallel size divides it times
+    ``rollout.n`` (each rank takes a share of the samples): :mod:`rlforge.config.sharding`."""
     gen_batch_size: int | None = None
     """Prompts drawn per generation batch under DAPO's dynamic sampling (``algorithm.filter_groups.enable``):
     batches of this many prompts are generated and scored until ``train_batch_size`` groups with a non-zero

@@ -26,6 +26,7 @@ from rlforge.config.reward import check_model_reward
 from rlforge.config.rollout_correction_check import check_config as check_rollout_correction
 from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
 from rlforge.config.root import RLForgeConfig, uses_critic
+from rlforge.config.sharding import check_batch_sharding
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 from rlforge.trainer.on_policy import skips_old_log_prob
@@ -73,7 +74,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
 
     Raises:
         ConfigError: a value outside its allowed set, a non-positive size, batch sizes that
-            do not divide, a bad ``trainer.device``, an offload/dtype/strategy combination
+            do not divide (the ranks' shares: :mod:`rlforge.config.sharding`), a bad ``trainer.device``, an offload/dtype/strategy combination
             that cannot work (:mod:`rlforge.config.precision`).
     """
     check_backends(cfg)  # hardware / backends rlforge cannot have: before any other check
@@ -95,10 +96,8 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, n, critic.use_dynamic_bsz)
     skips_old_log_prob(cfg)  # recompute_old_log_prob=False on a batch that is not on-policy
     world = run_world(cfg)  # the launcher's WORLD_SIZE, else trainer.nnodes x trainer.n_gpus_per_node
-    if world.size > 1 and cfg.data.train_batch_size % world.size:
-        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the {world.size} "
-                          f"ranks ({world.source}): each rank takes an equal share of the prompts, "
-                          "and the rest would be dropped every step")
+    _check_megatron(cfg, world.size, world.source)  # the data-parallel sizes the sharding below divides by
+    sharding = check_batch_sharding(cfg, world.size, world.source, uses_ref(cfg), uses_critic(cfg))
     gen = cfg.data.gen_batch_size
     if gen is not None and cfg.algorithm.filter_groups.enable and (gen <= 0 or (world.size > 1 and gen % world.size)):
         raise ConfigError(f"data.gen_batch_size={gen} must be positive and divisible by the {world.size} ranks "
@@ -115,12 +114,11 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_policy_loss(cfg)
     _check_estimator_inputs(cfg)
     _check_rollout_correction(cfg)
-    _check_megatron(cfg, world.size, world.source)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
     check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
-    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora
+    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora + sharding
 
 
 def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:

@@ -31,7 +31,7 @@ from rlforge.algorithms.utils import masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_log_probs
-from rlforge.roles.common import MicroBudget, UpdateResult, run_updates
+from rlforge.roles.common import MicroBudget, UpdateResult, run_updates, split_meta
 from rlforge.roles.forward import response_log_probs, response_log_probs_and_sum_pi_squared
 
 
@@ -207,7 +207,7 @@ class Actor(LogProbModel):
         keys = ["prompts", "input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         keys += [k for k in ("old_log_probs", "ref_log_prob", "token_level_rewards", "rollout_is_weights") if k in batch]
         uid = {"uid": batch.non_tensor["uid"]} if "uid" in batch.non_tensor else {}
-        data = Batch(batch.tensors.select(*keys), uid, {})
+        data = Batch(batch.tensors.select(*keys), uid, split_meta(batch))
         extra: dict[str, torch.Tensor] = {}
         if self.hooks.batch_inputs is not None:
             rewards = batch["token_level_rewards"] if "token_level_rewards" in batch else None
@@ -216,7 +216,8 @@ class Actor(LogProbModel):
             data[k] = v
         record: list[tuple[torch.Tensor, ...]] | None = None
         if on_policy:
-            if self.cfg.ppo_epochs != 1 or len(batch) > self.mini_batch_size:
+            steps = data.meta.get("num_mini_batches", -(-len(batch) // max(1, self.mini_batch_size)))
+            if self.cfg.ppo_epochs != 1 or steps > 1:
                 raise ValueError(f"on-policy update of {len(batch)} rows needs one optimizer step, but ppo_epochs="
                                  f"{self.cfg.ppo_epochs} and the mini-batch is {self.mini_batch_size} rows")
             data["row_index"] = torch.arange(len(batch))
@@ -246,3 +247,4 @@ def _assemble_rows(record: list[tuple[torch.Tensor, ...]], rows: int, width: int
     if not bool(seen.all()):
         raise RuntimeError(f"the update's forward saw {int(seen.sum())} of {rows} rows")
     return out
+

@@ -86,6 +86,28 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
+def split_meta(batch: Batch) -> dict[str, int]:
+    """``num_mini_batches`` of ``batch.meta`` where set (:func:`mini_batches`), for a role's update batch."""
+    k = batch.meta.get("num_mini_batches")
+    return {} if k is None else {"num_mini_batches": int(k)}
+
+
+def mini_batches(data: Batch, mini_batch_size: int) -> list[Batch]:
+    """``data`` in consecutive mini-batches of ``mini_batch_size`` rows; or, where
+    ``data.meta['num_mini_batches']`` is set (:mod:`rlforge.config.sharding`'s ``replica_samples``
+    layout, where ranks hold different row counts, possibly none), in exactly that many equal parts,
+    so every rank takes the same number of optimizer steps.
+
+    Raises ValueError when the rows do not split into ``num_mini_batches`` equal parts."""
+    k = data.meta.get("num_mini_batches")
+    if k is None:
+        return data.split(mini_batch_size)
+    if len(data) % k:
+        raise ValueError(f"{len(data)} rows do not split into {k} equal mini-batches")
+    size = len(data) // k
+    return [data.select(slice(j * size, (j + 1) * size)) for j in range(k)]
+
+
 def run_updates(
     engine: TrainEngine, data: Batch, loss_fn: LossFn, mini_batch_size: int, budget: MicroBudget,
     epochs: int, desc: str, on_redo: Callable[[], None] | None = None,
@@ -100,7 +122,7 @@ def run_updates(
     saved (:class:`UpdateResult`).  A step whose
     gradient norm is not finite was skipped by the engine; that is reported on stderr.
     """
-    minis = [m for _ in range(epochs) for m in data.split(mini_batch_size)]
+    minis = [m for _ in range(epochs) for m in mini_batches(data, mini_batch_size)]
     with engine.phase():  # one phase for the whole update (param_offload moves the weights once)
         rows, saved = _steps(engine, minis, loss_fn, budget, desc, on_redo)
     metrics = mean_metrics(rows)

@@ -10,7 +10,7 @@ from rlforge.algorithms import compute_value_loss, masked_mean
 from rlforge.batch import Batch
 from rlforge.engine import LossScale, TrainEngine
 from rlforge.engine.packing import packed_response_values
-from rlforge.roles.common import MicroBudget, run_updates
+from rlforge.roles.common import MicroBudget, run_updates, split_meta
 from rlforge.roles.forward import response_values
 
 
@@ -49,7 +49,7 @@ class Critic:
         """Value-loss update; returns ``critic/*`` metrics (without the prefix)."""
         cfg = self.cfg
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
-        data = Batch(batch.tensors.select(*keys), {}, {})
+        data = Batch(batch.tensors.select(*keys), {}, split_meta(batch))
 
         def loss_fn(module: torch.nn.Module, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             vpreds = self.values_fn(module, mb)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import random
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -50,6 +49,7 @@ from rlforge.algorithms.rollout_correction import compute_rollout_correction
 from rlforge.batch import Batch
 from rlforge.config import format_config
 from rlforge.config.common import hf_model_only
+from rlforge.config.sharding import batch_layout
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.launch import under_launcher
@@ -79,6 +79,7 @@ from rlforge.trainer.reward_components import gdpo_metrics, reward_components
 from rlforge.trainer.run_folder import check_run_folder, interrupted_message, record_config
 from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
+from rlforge.trainer.sample_shards import StepSharding
 from rlforge.trainer.validation import validate
 
 
@@ -151,6 +152,7 @@ class PPOTrainer:
         self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+        self.shards = StepSharding(batch_layout(cfg, self.world_size), self.rank)  # rlforge.config.sharding
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
         self.global_step = 0
         # rank 0's folder (a run-<id> sub-folder: on_existing_run=append, or resume_mode=disable); recorded in config.yaml
@@ -348,6 +350,8 @@ class PPOTrainer:
         """``actor/entropy`` and (with rollout log-probs) ``training/rollout_probs_diff_*`` from
         the old policy's log-probs and entropies ``out`` (``(batch, response_len)``)."""
         m: dict[str, float] = {}
+        if not len(batch):  # no sample on this rank this step
+            return m
         if "rollout_log_probs" in batch:
             m.update(rollout_probs_diff_metrics(batch["rollout_log_probs"], out["log_probs"], batch["response_mask"]))
         m["actor/entropy"] = float(
@@ -381,7 +385,7 @@ class PPOTrainer:
         m: dict[str, float] = {}
         with self._stage("step", m):
             batch = self._collect(m)
-            if cfg.trainer.balance_batch:
+            if cfg.trainer.balance_batch and self.shards.lay.mode != "replica_samples":  # (that one warned)
                 batch = self._balance(batch, m)
             updates_actor = self.global_step > cfg.trainer.critic_warmup
             on_policy = self.skip_old_log_prob and updates_actor
@@ -420,11 +424,24 @@ class PPOTrainer:
                         "Lower actor_rollout_ref.actor.optim.lr, check the rewards, or resume from an earlier checkpoint"
                     )
                 job.sync_rollout()
+        if len(batch):  # a rank without samples this step (rlforge.config.sharding) reports no per-sample metric
+            self._sample_metrics(batch, m, saved_work)
+        m.update(memory_metrics(stages=self.stage_memory))
+        m.update(self.backoff.metrics())  # tune/oom_backoffs and the budgets back-off may lower
+        m["training/global_step"] = float(self.global_step)
+        m["training/epoch"] = float(job.train_loader.epoch)
+        m.update(self.perf.step_metrics())
+        out = spmd.reduce_metrics(m)
+        out.update(tokens_per_hour(out))
+        return out
+
+    def _sample_metrics(self, batch: Batch, m: dict[str, float], saved_work: tuple[float, float]) -> None:
+        """The step's data, throughput and MFU metrics and the ``reward_extra/*`` means, into ``m``."""
+        cfg, job = self.cfg, self.job
+        arr = cfg.actor_rollout_ref
         m.update(data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length, job.critic is not None,
                               length_mask=batch["rollout_response_mask"] if "rollout_response_mask" in batch else None))
         m.update(throughput_metrics(batch, m["timing_s/step"]))
-        m.update(memory_metrics(stages=self.stage_memory))
-        m.update(self.backoff.metrics())  # tune/oom_backoffs and the budgets back-off may lower
         m.update(mfu_metrics(
             m, batch["attention_mask"].sum(-1).tolist(), job.rollout_model.config,
             job.critic.engine.module.config if job.critic is not None else None,
@@ -441,12 +458,6 @@ class PPOTrainer:
                 arr = arr[np.isfinite(arr)]  # NaN = a sample without the key
                 if arr.size:
                     m[f"{key}/mean"] = float(arr.mean())
-        m["training/global_step"] = float(self.global_step)
-        m["training/epoch"] = float(job.train_loader.epoch)
-        m.update(self.perf.step_metrics())
-        out = spmd.reduce_metrics(m)
-        out.update(tokens_per_hour(out))
-        return out
 
     def _balance(self, batch: Batch, m: dict[str, float]) -> Batch:
         """``trainer.balance_batch``: redistribute whole prompt groups so every data-parallel
@@ -454,7 +465,8 @@ class PPOTrainer:
         full = spmd.gather_batch(batch)
         seqlens = full["attention_mask"].sum(-1).tolist()
         try:
-            parts = balance_across_ranks(seqlens, self.world_size, group_size=self.cfg.actor_rollout_ref.rollout.n)
+            group = self.cfg.actor_rollout_ref.rollout.n if self.shards.whole_prompts else 1  # groups may span ranks
+            parts = balance_across_ranks(seqlens, self.world_size, group_size=group)
         except ValueError:  # uneven group counts (dynamic sampling that proceeded at its limit)
             return batch
         m.update(seqlen_metrics(seqlens, parts))
@@ -462,27 +474,30 @@ class PPOTrainer:
 
     def _generate_and_score(self, m: dict[str, float]) -> Batch:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
-        ``reward`` for the next batch of prompts."""
-        job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
-        prompts = spmd.shard(job.train_loader.next_batch())
-        prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        ``reward`` for this rank's share of the next batch of prompts (:mod:`rlforge.trainer.sample_shards`).
+        A rank that holds no sample this step runs them on a stand-in sample, reports nothing of
+        it but the stages' times, and returns an empty batch."""
+        job = self.job
+        share = self.shards.take(job.train_loader.next_batch())
+        own: dict[str, float] = {} if share.empty else m  # the stand-in's rollout and reward metrics: dropped
         with self._stage("gen", m):
-            batch = job.rollout.generate(prompts.repeat_interleave(n), self._sampling())
-        m.update(job.rollout.metrics())
+            batch = job.rollout.generate(share.samples, self._sampling())
+        own.update(job.rollout.metrics())
         if getattr(self.adv_fn, "needs_reward_baselines", False):
             with self._stage("gen_max", m):
-                greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))
+                greedy = job.rollout.generate(share.prompts, replace(self._sampling(), do_sample=False))
                 baseline = job.reward.score(greedy).scores
-            batch["reward_baselines"] = baseline.repeat_interleave(n)
+            batch["reward_baselines"] = baseline[torch.as_tensor(share.prompt_of_sample)]
         with self._stage("reward", m):
             rw = job.reward.score(batch)
-            m.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
+            own.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
             batch["token_level_scores"] = rw.token_level_scores
             for k, v in rw.metrics.items():  # reward/timeouts, reward/errors: summed over dynamic-sampling batches
-                m[k] = m.get(k, 0.0) + v
+                own[k] = own.get(k, 0.0) + v
             for k, v in rw.extra.items():
                 batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
-        return batch
+        batch.meta.update(self.shards.meta())
+        return batch.select(np.zeros(0, dtype=np.int64)) if share.empty else batch
 
     def _collect(self, m: dict[str, float]) -> Batch:
         """Generate and score ``data.train_batch_size`` prompt groups; with DAPO dynamic
@@ -575,7 +590,8 @@ class PPOTrainer:
         if getattr(self.adv_fn, "needs_reward_components", False):  # gdpo
             components = reward_components(batch, alg.gdpo_reward_keys)
             m.update(gdpo_metrics(components))
-        adv, ret = self.adv_fn(
+        adv, ret = self.shards.advantages(  # whole-batch statistics where groups span ranks
+            self.adv_fn,
             AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"].float(),
                 index=batch.non_tensor["uid"], values=batch["values"] if "values" in batch else None,

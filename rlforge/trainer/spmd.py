@@ -1,10 +1,10 @@
 """SPMD helpers for the step loop: one process per device, the same code on every rank.
 
 With no process group (one process) every function is the identity, so one code path
-serves one CPU, one GPU and many GPUs (as nanochat does).  Each rank takes a contiguous
-slice of every prompt batch, generates and scores its own responses (GRPO groups stay
-whole on one rank), and the ranks meet in the engines' collectives and in the metric
-reduction below.
+serves one CPU, one GPU and many GPUs (as nanochat does).  Each rank takes its share of every
+step's batch (whole prompts where the world divides ``data.train_batch_size``, else a share of the
+prompt x ``n`` samples: :mod:`rlforge.trainer.sample_shards`), generates and scores its own
+responses, and the ranks meet in the engines' collectives and in the metric reduction below.
 """
 
 from __future__ import annotations

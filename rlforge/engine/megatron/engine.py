@@ -20,7 +20,9 @@ Construction, in torchtitan's order (``parallelize.py``), on the unsharded HF mo
 
 Data.  The trainer gives every rank its own rows, as for FSDP.  The ``tp * pp`` ranks of one
 data-parallel index hold one model copy, so the engine first gathers their rows (the
-*model-parallel group*), runs them together, and hands each rank back its own rows' outputs.
+*model-parallel group*), runs them together, and hands each rank back its own rows' outputs.  The
+ranks of a group may hold different row counts, some none (the ``replica_samples`` layout of
+:mod:`rlforge.config.sharding`, where only the data-parallel size divides the step's samples).
 Each micro-batch's loss gets ``LossScale(T / dp, S / dp)`` (``T``, ``S``: global valid tokens
 and sequences); FSDP averages over ``dp``, so the gradient is the global mini-batch gradient.
 
