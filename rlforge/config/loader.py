@@ -394,7 +394,7 @@ def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str, root: type = R
     try:
         merged = OmegaConf.merge(cfg, OmegaConf.create(cleaned))
     except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "")
+        key = str(getattr(e, "full_key", "") or "").partition("[")[0]  # a list item's error names its list
         tp = schema.lookup(root, key) if key else None
         if tp is None:
             raise ConfigError(f"{source}: {first_line(e)}") from None
