@@ -83,6 +83,64 @@ def test_every_verl_leaf_key_is_known(name):
     assert not unknown, f"verl keys of {name} that rlforge does not know: {unknown}"
     counts = {v: sum(1 for x in kinds.values() if x == v) for v in ("typed", "free", "mapped", "warned")}
     assert sum(counts.values()) == len(keys) > 400, counts
+    free = sorted(k for k, v in kinds.items() if v == "free")
+    stray = [k for k in free if not k.startswith(VERL_FREE_FORM)]
+    assert not stray, f"verl types these keys, rlforge takes them free-form: {stray}"
+    assert "global_profiler.global_tool_config.nsys.worker_nsight_options.kill" in free
+
+
+VERL_FREE_FORM = (
+    "actor_rollout_ref.model.override_config.", "critic.model.override_config.",  # HFModelConfig: dict
+    "actor_rollout_ref.actor.megatron.override_transformer_config.",  # McoreEngineConfig: dict
+    "critic.megatron.override_transformer_config.",
+    "global_profiler.global_tool_config.nsys.controller_nsight_options.",  # nsys command-line options
+    "global_profiler.global_tool_config.nsys.worker_nsight_options.",
+    "ray_kwargs.ray_init.",  # ray.init keyword arguments
+)
+"""The only verl leaves that lie below a free-form field of rlforge's schema: those below verl's own dicts
+(written out by hand from verl's dataclasses and YAML)."""
+
+
+def test_typed_blocks_refuse_a_typo_and_a_wrong_type():
+    from rlforge.errors import ConfigError
+
+    cases = {
+        "actor_rollout_ref.rollout.multi_turn.max_turns=2": "unknown config key 'actor_rollout_ref.rollout.multi_turn"
+                                                            ".max_turns'; did you mean",
+        "critic.profiler.tool_config.torch.content=[cpu]": "did you mean 'critic.profiler.tool_config.torch.contents'",
+        "actor_rollout_ref.rollout.agent.num_worker=4": "did you mean 'actor_rollout_ref.rollout.agent.num_workers'",
+        "actor_rollout_ref.rollout.engine_kwargs.vlm.swap_space=4": "did you mean "
+                                                                   "'actor_rollout_ref.rollout.engine_kwargs.vllm'",
+        "reward_model.sandbox_fusion.urls=x": "did you mean 'reward_model.sandbox_fusion.url'",
+        "data.sampler.class=x": "unknown config key 'data.sampler.class'",
+        "actor_rollout_ref.rollout.trace.token2text=maybe": "actor_rollout_ref.rollout.trace.token2text: expected bool",
+        "actor_rollout_ref.ref.profiler.ranks=[a]": "actor_rollout_ref.ref.profiler.ranks: expected list of int",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_config([override])
+        assert message in str(e.value) and "\n" not in str(e.value), (override, str(e.value))
+
+
+def test_free_form_dicts_of_verl_take_new_keys():
+    cfg = load_config(["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+                       "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton",
+                       "+ray_kwargs.ray_init.runtime_env.env_vars.A=1"])
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm == {"swap_space": 4}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.sglang == {"attention_backend": "triton"}
+    assert cfg.ray_kwargs.ray_init == {"runtime_env": {"env_vars": {"A": 1}}}
+
+
+def test_role_profilers_follow_the_global_block_as_in_verl():
+    cfg = load_config(["global_profiler.tool=torch", "global_profiler.save_path=p",
+                       "actor_rollout_ref.actor.profiler.ranks=[0,1]",
+                       "global_profiler.global_tool_config.torch_memory.stack_depth=8"])
+    arr = cfg.actor_rollout_ref
+    assert (arr.actor.profiler.tool, arr.ref.profiler.save_path, cfg.critic.profiler.tool) == ("torch", "p", "torch")
+    assert arr.rollout.profiler.ranks == [0, 1] and cfg.reward_model.profiler.ranks == []
+    assert arr.rollout.profiler.tool_config.torch_memory.stack_depth == 8
+    new = [w for w in later_work_warnings(cfg) if "profiler" in w and "global_profiler" not in w.partition("=")[0]]
+    assert [w.partition(":")[0] for w in new] == ["actor_rollout_ref.actor.profiler.ranks=[0, 1]"], new
 
 
 def test_aliases_land_on_real_keys():
