@@ -9,6 +9,7 @@ set to a non-default value through the loader, one at a time.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,12 @@ def kind(key: str) -> str:
     return "warned" if verl_keys.is_verl_only(key) else "unknown"
 
 
-def probe(default: Any) -> Any:
-    """A value a user could set, other than ``default``."""
+def probe(default: Any, tp: Any = None) -> Any:
+    """A value a user could set, other than ``default`` (of rlforge's type ``tp`` where given: ``list[int]``
+    gets a number)."""
+    if tp is not None and typing.get_origin(schema.strip_optional(tp)) is list:
+        numbers = typing.get_args(schema.strip_optional(tp)) in ((int,), (float,))
+        return [*(default if isinstance(default, list) else []), 2 if numbers else "probe"]
     if isinstance(default, bool):
         return not default
     if isinstance(default, int):
@@ -152,6 +157,12 @@ def test_aliases_land_on_real_keys():
             assert all(schema.lookup(RLForgeConfig, k) is not None for k in settings)
 
 
+def _first_leaf(key: str, tp: Any) -> str:
+    """The first leaf key below the schema block ``key`` of type ``tp``."""
+    cls = schema.strip_optional(tp)
+    return next(f"{key}.{k}" for k in schema.all_keys(cls) if schema.kind_of(schema.lookup(cls, k)) != "node")
+
+
 @pytest.mark.e2e  # a sweep of hundreds of config loads (~35-100 s on 2 cores): out of the inner loop
 @pytest.mark.parametrize("name", FILES)
 def test_each_verl_key_set_changes_the_config_or_warns(name):
@@ -167,7 +178,11 @@ def test_each_verl_key_set_changes_the_config_or_warns(name):
         elif k == "mapped":
             default = get_key(ours, verl_keys.alias_of(key) or _canonical_key(key))
         tp = schema.lookup(RLForgeConfig, verl_keys.alias_of(key) or _canonical_key(key))
-        value = {"probe": 1} if default is None and tp is not None and schema.kind_of(tp) == "free" else probe(default)
+        if k == "typed" and schema.kind_of(tp) == "node":  # verl gives a block as ${...} (the rollout's profiler
+            key = _first_leaf(key, tp)                   # tool_config follows the actor's): set a leaf of it
+            default = get_key(ours, key)
+            tp = schema.lookup(RLForgeConfig, key)
+        value = {"probe": 1} if default is None and tp is not None and schema.kind_of(tp) == "free" else probe(default, tp)
         try:
             cfg = load_config([override(key, value)])
         except Exception as e:  # noqa: BLE001 - collected and reported below
