@@ -148,7 +148,7 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
 def run_check_config(args: argparse.Namespace) -> int:
     """``rlforge check-config``: one line per key the user set (:mod:`rlforge.config.check`), then the
     warnings that name none of them; 0, or a :class:`~rlforge.errors.ConfigError` (exit 2 in :func:`main`)."""
-    from rlforge.config.check import check_config
+    from rlforge.config.check import VERDICTS, check_config
 
     job = None if args.job in (None, "none", "") else args.job
     report = check_config(args.overrides, config_file=args.config_file, job=job, config_path=args.config_path,
@@ -157,7 +157,7 @@ def run_check_config(args: argparse.Namespace) -> int:
         _print(verdict.line())
     for line in report.other_warnings:
         _print(f"(other) warned: {line}")
-    counts = {v: sum(k.verdict == v for k in report.keys) for v in ("takes effect", "mapped", "warned")}
+    counts = {v: sum(k.verdict == v for k in report.keys) for v in VERDICTS}
     _print(f"{len(report.keys)} keys: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "; none refused")
     return 0
 

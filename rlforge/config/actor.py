@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import II
 
 from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig
+from rlforge.config.profiler import RoleProfilerConfig
 from rlforge.config.rollout import RolloutConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -240,8 +241,8 @@ class ActorConfig:
     """FSDP settings (``strategy`` fsdp/fsdp2)."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Megatron settings (``strategy=megatron``)."""
-    profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form profiler settings (verl ``profiler.*``)."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """verl's per-role profiler (:mod:`rlforge.config.profiler`); rlforge profiles whole steps."""
 
 
 def _ref_megatron() -> MegatronConfig:
@@ -282,8 +283,8 @@ class RefConfig:
     """FSDP settings."""
     megatron: MegatronConfig = field(default_factory=lambda: _ref_megatron())
     """Megatron settings; the parallel sizes default to the actor's (as verl's ``megatron_ref.yaml``)."""
-    profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form profiler settings."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """verl's per-role profiler (:mod:`rlforge.config.profiler`); rlforge profiles whole steps."""
 
 
 @dataclass

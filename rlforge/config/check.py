@@ -9,7 +9,9 @@ verdict:
 * ``mapped -> KEY``: a verl name that sets rlforge's ``KEY`` (an older spelling,
   :data:`rlforge.config.loader.KEY_ALIASES`, or :data:`rlforge.config.verl_keys.ALIASES`);
 * ``warned (WHY)``: accepted, and a warning line names it (``config/later_work.py``, a value rlforge
-  replaces, a ``+key`` that rlforge does not have).
+  replaces, a ``+key`` that rlforge does not have);
+* ``auto (tuned)``: set to ``auto`` (on the command line or in a file): handed to the tuner
+  (:mod:`rlforge.config.auto_keys`).
 
 A refused key or value raises :class:`~rlforge.errors.ConfigError` (one line), as a run would.
 """
@@ -24,13 +26,19 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from rlforge.config import verl_keys
+from rlforge.config.auto_keys import auto_keys
 from rlforge.config.loader import _canonical_key, load_config
 from rlforge.config.user_keys import leaf_keys, user_keys
 from rlforge.config.validate import validate_config
 from rlforge.config.yaml_file import ConfigWarning
 from rlforge.errors import RLForgeWarning
 
-TAKES_EFFECT, MAPPED, WARNED = "takes effect", "mapped", "warned"
+TAKES_EFFECT, MAPPED, WARNED, AUTO = "takes effect", "mapped", "warned", "auto"
+VERDICTS = (TAKES_EFFECT, MAPPED, WARNED, AUTO)
+"""Every verdict, in the order the summary line counts them."""
+
+TUNED = ("tuned: rlforge train chooses it for the GPU at start, `rlforge tune` shows the plan; on a CPU it keeps "
+         "its default")
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,9 @@ class KeyVerdict:
 
     Attributes:
         key: the dotted key as the user wrote it (``+``/``++`` dropped).
-        verdict: :data:`TAKES_EFFECT`, :data:`MAPPED` or :data:`WARNED`.
-        detail: the key it maps to (``mapped``) or the warning lines, joined by ``"; "`` (``warned``).
+        verdict: :data:`TAKES_EFFECT`, :data:`MAPPED`, :data:`WARNED` or :data:`AUTO`.
+        detail: the key it maps to (``mapped``), the warning lines, joined by ``"; "`` (``warned``), or
+            what the tuner does (``auto``).
     """
 
     key: str
@@ -51,8 +60,8 @@ class KeyVerdict:
         """``key: takes effect`` / ``key: mapped -> our.key`` / ``key: warned (why)``."""
         if self.verdict == MAPPED:
             return f"{self.key}: mapped -> {self.detail}"
-        if self.verdict == WARNED:
-            return f"{self.key}: warned ({self.detail})"
+        if self.verdict in (WARNED, AUTO):
+            return f"{self.key}: {self.verdict} ({self.detail})"
         return f"{self.key}: {self.verdict}"
 
 
@@ -80,7 +89,8 @@ def check_config(overrides: Sequence[str] = (), config_file: str | None = None, 
     lines += [str(w.message) for w in caught
               if issubclass(w.category, ConfigWarning | RLForgeWarning) and str(w.message) not in lines]
     written = _written_keys(overrides)
-    recorded = user_keys(cfg) or frozenset()
+    autos = auto_keys(cfg)
+    recorded = (user_keys(cfg) or frozenset()) | autos  # a file's `auto` leaves are not in its recorded keys
     keys = written + sorted(k for k in recorded if k not in {verl_keys.alias_of(w) or _canonical_key(w) for w in written})
     used: set[str] = set()
     verdicts = []
@@ -88,7 +98,9 @@ def check_config(overrides: Sequence[str] = (), config_file: str | None = None, 
         why = [w for w in lines if _names(w, key)]
         used.update(why)
         canonical = verl_keys.alias_of(key) or _canonical_key(key)
-        if why:
+        if canonical in autos:
+            verdicts.append(KeyVerdict(key, AUTO, TUNED))
+        elif why:
             verdicts.append(KeyVerdict(key, WARNED, "; ".join(why)))
         elif canonical != key:
             verdicts.append(KeyVerdict(key, MAPPED, canonical))

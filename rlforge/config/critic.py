@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import II
 
 from rlforge.config.common import CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig
+from rlforge.config.profiler import RoleProfilerConfig
 
 
 def _critic_optim() -> OptimConfig:
@@ -97,5 +98,5 @@ class CriticConfig:
     """Checkpoint contents."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Megatron settings (``strategy=megatron``)."""
-    profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form profiler settings."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """verl's per-role profiler (:mod:`rlforge.config.profiler`); rlforge profiles whole steps."""

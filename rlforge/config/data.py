@@ -52,6 +52,26 @@ class CustomClsConfig:
 
 
 @dataclass
+class SamplerConfig:
+    """``data.sampler``: verl's curriculum sampler class."""
+
+    class_path: str | None = None
+    """File of the class; None = the default sampler."""
+    class_name: str | None = None
+    """Class name."""
+
+
+@dataclass
+class DatagenConfig:
+    """``data.datagen``: verl's dynamic data generator class."""
+
+    path: str | None = None
+    """File of the class; None = none."""
+    name: str | None = None
+    """Class name."""
+
+
+@dataclass
 class DataConfig:
     """Training and validation data."""
 
@@ -121,10 +141,10 @@ class DataConfig:
     """User dataset class."""
     return_multi_modal_inputs: bool = True
     """Return processed multi-modal inputs with each row."""
-    sampler: dict[str, Any] = field(default_factory=lambda: {"class_path": None, "class_name": None})
-    """Curriculum sampler (``class_path``, ``class_name``); None values = default sampler."""
-    datagen: dict[str, Any] = field(default_factory=lambda: {"path": None, "name": None})
-    """Dynamic data generator (``path``, ``name``); None values = none."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """verl's curriculum sampler (not loaded: warned); nulls = the default shuffle."""
+    datagen: DatagenConfig = field(default_factory=DatagenConfig)
+    """verl's dynamic data generator (not available: warned); nulls = none."""
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tokenizer.apply_chat_template``, read by the template as variables
     (Qwen3: ``{enable_thinking: false}``).  Applied to the prompts; multi-turn's inserted turns are rendered

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlforge.config import schema
+from rlforge.config import schema, verl_keys
 from rlforge.config.root import RLForgeConfig
 from rlforge.config.yaml_file import ConfigWarning, first_line
 from rlforge.errors import ConfigError
@@ -67,6 +67,8 @@ def apply_deletion(cfg: DictConfig, deletion: Deletion, defaults: DictConfig) ->
     """
     key = deletion.key
     tp = schema.lookup(RLForgeConfig, key)
+    if tp is None and (verl_keys.is_verl_only(key) or verl_keys.is_verl_node(key)):
+        return  # a verl key rlforge sets aside: the loader drops what earlier layers gave (no warning then)
     if tp is None:
         warnings.warn(f"ignoring '{deletion.text}': not an rlforge config key, nothing to delete", ConfigWarning, 4)
         return

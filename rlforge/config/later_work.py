@@ -28,9 +28,17 @@ from rlforge.config.common import (
     hf_model_only,
 )
 from rlforge.config.critic import CriticConfig
-from rlforge.config.data import CustomClsConfig, DataConfig
-from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig
-from rlforge.config.rollout import VERL_ROLLOUTS, RolloutConfig
+from rlforge.config.data import CustomClsConfig, DataConfig, DatagenConfig, SamplerConfig
+from rlforge.config.profiler import RoleProfilerConfig, follower_profiler
+from rlforge.config.reward import RewardModelConfig, RewardModelModelConfig, SandboxFusionConfig
+from rlforge.config.rollout import (
+    VERL_ROLLOUTS,
+    AgentLoopConfig,
+    EngineKwargsConfig,
+    MultiTurnSchema,
+    RolloutConfig,
+    TraceConfig,
+)
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.trainer import TrainerConfig
 from rlforge.config.user_keys import user_set, verl_values
@@ -183,8 +191,9 @@ def _checkpoint_rows(node: str, everything: bool) -> list[LaterWork]:
     ]
 
 
-_VERL_PROFILER = ("{key}={value}: verl's per-role profiler settings are not used; rlforge profiles whole steps "
-                  "with trainer.profile, trainer.profile_steps and global_profiler.tool=torch; ignored")
+_VERL_PROFILER = ("verl's per-role profiler settings are not read; rlforge's torch.profiler recording "
+                  "(global_profiler.tool=torch with global_profiler.steps, or trainer.profile_steps) covers every "
+                  "role of the step, and trainer.profile traces its stages")
 _ENTROPY = ("{key}=True is not implemented; actor_rollout_ref.model.use_fused_kernels=true (the default) computes "
             "entropy chunk by chunk in the LM head and recomputes each chunk in backward; ignored")
 _NATIVE_ONLY = ("ignore_eos", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "free_cache_engine",
@@ -212,12 +221,30 @@ def _changed_leaves(value: Any, default: Any, prefix: str, cfg: Any, parent: Any
                                          cfg, value)]
     if isinstance(default, str) and default.startswith("${") and default.endswith("}"):
         ref = default[2:-1]
+        if ref.startswith("oc.select:"):  # ${oc.select:key,fallback}: the key it follows
+            ref = ref.removeprefix("oc.select:").partition(",")[0].strip()
         try:
             default = getattr(parent, ref[1:]) if ref.startswith(".") else get_key(cfg, ref)
         except (AttributeError, KeyError):
             return []
+        if dataclasses.is_dataclass(default) and dataclasses.is_dataclass(value):  # a block that follows another
+            return _changed_leaves(value, default, prefix, cfg, parent)
     plain = list(value) if isinstance(value, list | tuple) else value
     return [] if plain == (list(default) if isinstance(default, list | tuple) else default) else [prefix]
+
+
+def _block_row(node: str, default: Any, why: str, when: Callable[[Any], bool] = lambda c: True,
+               skip: tuple[str, ...] = ()) -> LaterWork:
+    """One row for the typed verl block at ``node``: ``key=value`` of each of its leaves that differs from
+    ``default`` (an instance of the block's dataclass; an interpolated default is compared with what it
+    follows), while ``when(cfg)``; ``skip``: leaf names left to other rows."""
+    def changed(c: Any) -> list[str]:
+        if not when(c):
+            return []
+        keys = _changed_leaves(get_key(c, node), default, node, c)
+        return [f"{k}={get_key(c, k)}" for k in keys if k.rpartition(".")[2] not in skip]
+
+    return LaterWork(node, bool, "{value_list}: " + why + "; ignored", changed)
 
 
 def _critic_keys_without_critic(c: Any) -> list[str]:
@@ -228,7 +255,8 @@ def _critic_keys_without_critic(c: Any) -> list[str]:
 
 
 def _mt(c: Any) -> dict[str, Any]:
-    return dict(c.actor_rollout_ref.rollout.multi_turn or {})
+    mt = c.actor_rollout_ref.rollout.multi_turn
+    return dataclasses.asdict(mt) if dataclasses.is_dataclass(mt) else dict(mt or {})
 
 
 def _model_reward_on(c: Any) -> bool:
@@ -368,11 +396,9 @@ def _data_rows() -> list[LaterWork]:
         *_unless_default("data.custom_cls", CustomClsConfig, ("path", "name"),
                          "{key}={value}: a user dataset class is not loaded in this build; rlforge's dataset reads "
                          "verl's parquet/jsonl columns; ignored"),
-        LaterWork("data.sampler", lambda v: any(x is not None for x in v.values()),
-                  "{key}={value}: a curriculum sampler is not loaded in this build; the training set is shuffled "
-                  "each epoch (data.shuffle, data.seed); ignored"),
-        LaterWork("data.datagen", lambda v: any(x is not None for x in v.values()),
-                  "{key}={value}: dynamic data generation is not available in this build; ignored"),
+        _block_row("data.sampler", SamplerConfig(), "a curriculum sampler is not loaded in this build; the "
+                   "training set is shuffled each epoch (data.shuffle, data.seed)"),
+        _block_row("data.datagen", DatagenConfig(), "dynamic data generation is not available in this build"),
     ]
 
 
@@ -534,8 +560,10 @@ LATER_WORK: tuple[LaterWork, ...] = (
     *_optim_rows("critic.optim"),
     *_checkpoint_rows(f"{_ARR}.actor.checkpoint", everything=False),
     *_checkpoint_rows("critic.checkpoint", everything=True),
-    *(LaterWork(f"{node}.profiler", lambda v: bool(v), _VERL_PROFILER)
-      for node in (f"{_ARR}.actor", f"{_ARR}.ref", f"{_ARR}.rollout", "critic")),
+    *(_block_row(f"{node}.profiler", default, _VERL_PROFILER) for node, default in (
+        (f"{_ARR}.actor", RoleProfilerConfig()), (f"{_ARR}.ref", RoleProfilerConfig()),
+        (f"{_ARR}.rollout", follower_profiler()), ("critic", RoleProfilerConfig()),
+        ("reward_model", follower_profiler(reward_model=True)))),
     # rollout
     *_native_only_rows(f"{_ARR}.rollout"),
     LaterWork(f"{_ARR}.rollout.mode", lambda v, d=_default(RolloutConfig, "mode"): v != d,
@@ -552,11 +580,21 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "checked against that, otherwise ignored"),
     LaterWork(f"{_ARR}.rollout.disable_log_stats", lambda v: v is False,
               "{key}=False: the native engine reports its statistics as rollout/* metrics every step; ignored"),
-    LaterWork(f"{_ARR}.rollout.engine_kwargs", lambda v: bool(v),
-              "{key}={value}: vLLM/SGLang engine arguments are not used by the native or hf rollout; ignored",
-              lambda c: {k: v for k, v in c.actor_rollout_ref.rollout.engine_kwargs.items() if v}),
-    LaterWork(f"{_ARR}.rollout.agent", lambda v: bool(v), _NOT_HERE),
-    LaterWork(f"{_ARR}.rollout.trace", lambda v: bool(v), _NOT_HERE),
+    _block_row(f"{_ARR}.rollout.engine_kwargs", EngineKwargsConfig(),
+               "vLLM/SGLang/TensorRT-LLM engine arguments are not used by the native or hf rollout"),
+    _block_row(f"{_ARR}.rollout.agent", AgentLoopConfig(),
+               "verl's agent-loop workers are not used; rlforge's agent loop runs in the training process "
+               "(rollout.multi_turn.enable)"),
+    _block_row(f"{_ARR}.rollout.trace", TraceConfig(), "rollout tracing is not available in this build"),
+    _block_row(f"{_ARR}.rollout.multi_turn", MultiTurnSchema(),
+               "multi_turn.enable is false, so the rollout is single-turn", lambda c: not _mt(c)["enable"],
+               skip=("enable",)),
+    *_unless_default(f"{_ARR}.rollout.multi_turn", MultiTurnSchema, ("use_inference_chat_template",
+                     "tokenization_sanity_check_mode"),
+                     "{key}={value}: turns are kept as token ids (never re-rendered or re-tokenized), so there "
+                     "is nothing to change or check; ignored"),
+    LaterWork(f"{_ARR}.rollout.multi_turn.num_repeat_rollouts", lambda v: v is not None,
+              "{key}={value}: each prompt gets actor_rollout_ref.rollout.n conversations; ignored"),
     LaterWork(f"{_ARR}.rollout.skip_rollout", lambda v: v is True,
               "{key}=True: replaying dumped rollouts is not available in this build; generating"),
     LaterWork(f"{_ARR}.rollout.skip_dump_dir", lambda v, d=_default(RolloutConfig, "skip_dump_dir"): v != d,
@@ -580,7 +618,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
              "{value[1]} decides how many are kept; ignored", lambda v: v[0] is not None and v[0] != v[1]),
     *_unless_default("trainer", TrainerConfig, ("ray_wait_register_center_timeout", "use_legacy_worker_impl"),
                      "{key}={value}: a verl (Ray worker) setting; rlforge has no Ray workers; ignored"),
-    LaterWork("ray_kwargs", _ray_settings, _NO_RAY),
+    LaterWork("ray_kwargs.ray_init", _ray_settings, _NO_RAY),
+    LaterWork("ray_kwargs.timeline_json_file", lambda v: v is not None, _NO_RAY),
     LaterWork("ray_init", _ray_settings, _NO_RAY),
     *_global_profiler_rows(),
     *_data_rows(),
@@ -594,10 +633,9 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork("reward_model.launch_reward_fn_async", lambda v: v is True,
               "{key}=True: rewards are computed in the step, before the log-prob passes (reward_model.timeout_s "
               "runs the scorers in worker processes); ignored"),
-    LaterWork("reward_model.sandbox_fusion", lambda v: bool(v),
-              "{key}={value}: verl's sandbox_fusion code reward is not used; a multi-turn python tool takes "
-              "sandbox_fusion_url in its own config (rollout.multi_turn.tool_config_path); ignored"),
-    LaterWork("reward_model.profiler", lambda v: bool(v), _VERL_PROFILER),
+    _block_row("reward_model.sandbox_fusion", SandboxFusionConfig(),
+               "verl's sandbox_fusion code reward is not used; a multi-turn python tool takes sandbox_fusion_url "
+               "in its own config (rollout.multi_turn.tool_config_path)"),
     LaterWork("reward_model.overlong_buffer.log", lambda v: v is True,
               "{key}=True: with reward_model.overlong_buffer.enable the penalty is kept per sample in the reward's "
               "extra info (overlong_reward, overlong) whether or not this is set; nothing changes"),

@@ -110,7 +110,7 @@ def load_config(
     for override in overrides:
         source = f"override '{override}'"
         if override.strip().startswith("~"):
-            layers.append(parse_deletion(override, _canonical_key))
+            layers += _deletions(parse_deletion(override, _deletion_key))
         else:
             plus = override.lstrip().startswith("+")
             layers.append(_layer(_parse_override(override), source, True, plus))
@@ -125,8 +125,36 @@ def load_config(
     assert isinstance(obj, RLForgeConfig)  # internal invariant, not user input
     record_user_keys(obj, _user_keys(layers))
     record_auto_keys(obj, autos)
-    record_verl_values(obj, {k: v for layer in layers if isinstance(layer, _Layer) for k, v in layer.verl.items()})
+    record_verl_values(obj, _verl_values(layers))
     return obj
+
+
+def _deletion_key(dotted: str) -> str:
+    """The key a ``~dotted`` deletes: rlforge's key for a verl alias (``~actor_rollout_ref.actor.optim.clip_grad``
+    deletes ``actor_rollout_ref.actor.grad_clip``), else ``dotted`` with older names made current."""
+    return verl_keys.alias_of(dotted) or _canonical_key(dotted)
+
+
+def _deletions(deletion: Deletion) -> list[Deletion]:
+    """``deletion``, and for ``~block`` of verl's that holds aliases (``~actor_rollout_ref.model.lora``), one
+    deletion of each rlforge key they map onto."""
+    head = deletion.key + "."
+    targets = [t for k, t in verl_keys.ALIASES.items() if k.startswith(head)]
+    if schema.lookup(RLForgeConfig, deletion.key) is not None or not targets or deletion.value is not UNSET:
+        return [deletion]
+    return [deletion, *(Deletion(t, UNSET, deletion.text) for t in targets)]
+
+
+def _verl_values(layers: Sequence[_Layer | Deletion]) -> dict[str, Any]:
+    """The verl-only keys the layers gave (dotted -> value), in order, less those a later ``~key`` deleted
+    (the key itself or a block above it)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        if isinstance(layer, Deletion):
+            out = {k: v for k, v in out.items() if k != layer.key and not k.startswith(layer.key + ".")}
+        else:
+            out.update(layer.verl)
+    return out
 
 
 def _without_auto(layers: Sequence[_Layer | Deletion]) -> tuple[list[_Layer | Deletion], set[str]]:
@@ -394,7 +422,7 @@ def _merge(cfg: DictConfig, cleaned: dict[str, Any], source: str, root: type = R
     try:
         merged = OmegaConf.merge(cfg, OmegaConf.create(cleaned))
     except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "")
+        key = str(getattr(e, "full_key", "") or "").partition("[")[0]  # a list item's error names its list
         tp = schema.lookup(root, key) if key else None
         if tp is None:
             raise ConfigError(f"{source}: {first_line(e)}") from None

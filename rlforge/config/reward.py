@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import II
 
 from rlforge.config.common import FSDPConfig
+from rlforge.config.profiler import FollowerProfilerConfig, follower_profiler
 
 
 @dataclass
@@ -91,6 +92,19 @@ class RewardJudgeConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """verl's ``reward_model.sandbox_fusion``: a remote code sandbox for verl's code reward (not used here:
+    rlforge's python tool takes its own ``sandbox_fusion_url``)."""
+
+    url: str | None = None
+    """Sandbox endpoint; null = none."""
+    max_concurrent: int = 64
+    """Concurrent sandbox requests."""
+    memory_limit_mb: int = 1024
+    """Memory limit of one run (MiB)."""
+
+
+@dataclass
 class RewardModelConfig:
     """Model-based reward and the reward manager."""
 
@@ -143,10 +157,10 @@ class RewardModelConfig:
     """Free-form keyword arguments for the reward manager."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO over-long penalty."""
-    sandbox_fusion: dict[str, Any] = field(default_factory=dict)
-    """Free-form code-sandbox settings (``url``, ``max_concurrent``, ``memory_limit_mb``)."""
-    profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form profiler settings."""
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    """verl's code-sandbox reward settings (not used: warned)."""
+    profiler: FollowerProfilerConfig = field(default_factory=lambda: follower_profiler(reward_model=True))
+    """verl's per-role profiler (:mod:`rlforge.config.profiler`); rlforge profiles whole steps."""
 
 
 @dataclass

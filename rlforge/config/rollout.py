@@ -12,6 +12,8 @@ from typing import Any
 
 from omegaconf import II
 
+from rlforge.config.profiler import FollowerProfilerConfig, follower_profiler
+
 
 @dataclass
 class SamplingConfig:
@@ -27,6 +29,91 @@ class SamplingConfig:
     """Responses per validation prompt."""
     do_sample: bool = False
     """Sample (True) or decode greedily (False)."""
+
+
+@dataclass
+class EngineKwargsConfig:
+    """``rollout.engine_kwargs``: keyword arguments of verl's backends (free-form per backend, as in verl)."""
+
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """vLLM engine arguments."""
+    sglang: dict[str, Any] = field(default_factory=dict)
+    """SGLang engine arguments."""
+    trtllm: dict[str, Any] = field(default_factory=dict)
+    """TensorRT-LLM engine arguments."""
+
+
+@dataclass
+class MultiTurnSchema:
+    """``rollout.multi_turn``: verl's ``MultiTurnConfig`` keys and defaults, plus rlforge's ``tool_timeout_s``
+    and ``max_tokens_per_turn`` (meanings: :class:`rlforge.rollout.multi_turn.config.MultiTurnConfig`)."""
+
+    enable: bool = False
+    """Run the agent loop (tools, interactions) instead of one response per prompt."""
+    max_assistant_turns: int | None = None
+    """Model turns per conversation; None = no limit."""
+    tool_config_path: str | None = None
+    """verl's tool config YAML; None = no tools."""
+    max_user_turns: int | None = None
+    """Inserted turns per conversation; None = no limit."""
+    max_parallel_calls: int = 1
+    """Tool calls run from one model turn."""
+    max_tool_response_length: int = 256
+    """Characters of one tool response the model reads."""
+    tool_response_truncate_side: str = "middle"
+    """``left`` | ``right`` | ``middle``."""
+    interaction_config_path: str | None = None
+    """verl's interaction config YAML; None = no interaction."""
+    use_inference_chat_template: bool = False
+    """verl: re-render turns with the inference template (warned: turns are never re-rendered here)."""
+    tokenization_sanity_check_mode: str = "strict"
+    """verl: re-tokenization check (warned: nothing is re-tokenized here)."""
+    format: str = "hermes"
+    """Tool-call format the model writes (``hermes``)."""
+    num_repeat_rollouts: int | None = None
+    """verl: repeat each multi-turn rollout (warned: ``rollout.n`` gives the responses per prompt)."""
+    tool_timeout_s: float = 30.0
+    """rlforge: wall seconds one tool call may take."""
+    max_tokens_per_turn: int | None = None
+    """rlforge: model tokens per assistant turn; None = no limit."""
+
+
+@dataclass
+class CustomAsyncServerConfig:
+    """``rollout.agent.custom_async_server``: verl's user server class."""
+
+    path: str | None = None
+    """File of the class."""
+    name: str | None = None
+    """Class name."""
+
+
+@dataclass
+class AgentLoopConfig:
+    """``rollout.agent``: verl's agent-loop workers (rlforge's agent loop runs in the training process)."""
+
+    num_workers: int = 8
+    """verl's agent-loop worker processes."""
+    default_agent_loop: str = "single_turn_agent"
+    """verl's agent loop for rows without an ``agent_name`` column."""
+    agent_loop_config_path: str | None = None
+    """verl's agent-loop registry YAML."""
+    custom_async_server: CustomAsyncServerConfig = field(default_factory=CustomAsyncServerConfig)
+    """verl's user server class."""
+    agent_loop_manager_class: str | None = None
+    """verl's user AgentLoopManager class (dotted name)."""
+
+
+@dataclass
+class TraceConfig:
+    """``rollout.trace``: verl's rollout tracing (weave / mlflow)."""
+
+    backend: str | None = None
+    """Tracing backend; None = off."""
+    token2text: bool = False
+    """Decode token ids in the traces."""
+    max_samples_per_step_per_worker: int | None = None
+    """Samples traced per step and worker; None = all."""
 
 
 VERL_ROLLOUTS: tuple[str, ...] = ("vllm", "sglang", "trtllm")
@@ -107,22 +194,20 @@ class RolloutConfig:
     calculate_log_probs: bool = False
     """Return the rollout's own log-probs with each response as ``rollout_log_probs`` ``(batch,
     response_len)`` float32 nats, of ``softmax(logits / temperature)`` (``native`` only)."""
-    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
-    """Free-form backend keyword arguments, per backend name."""
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+    """Backend keyword arguments, one free-form mapping per verl backend (not used by native/hf: warned)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
-    multi_turn: dict[str, Any] = field(default_factory=lambda: {"enable": False})
-    """verl's multi-turn/tool settings (``multi_turn.{enable, max_assistant_turns, max_user_turns,
-    max_parallel_calls, max_tool_response_length, tool_response_truncate_side, tool_config_path,
-    interaction_config_path, format, tool_timeout_s}``), checked by
-    :class:`rlforge.rollout.multi_turn.config.MultiTurnConfig` (sub-keys, types, defaults);
-    ``enable: False`` = single turn.  Needs ``rollout.name=native``."""
-    agent: dict[str, Any] = field(default_factory=dict)
-    """Free-form agent-loop settings (verl ``agent.*``)."""
-    trace: dict[str, Any] = field(default_factory=dict)
-    """Free-form rollout tracing settings (verl ``trace.*``)."""
-    profiler: dict[str, Any] = field(default_factory=dict)
-    """Free-form profiler settings (verl ``profiler.*``)."""
+    multi_turn: MultiTurnSchema = field(default_factory=MultiTurnSchema)
+    """verl's multi-turn/tool settings, checked further by
+    :class:`rlforge.rollout.multi_turn.config.MultiTurnConfig`; ``enable: False`` = single turn.  Needs
+    ``rollout.name=native``."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """verl's agent-loop settings (not used: warned)."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """verl's rollout tracing settings (not used: warned)."""
+    profiler: FollowerProfilerConfig = field(default_factory=follower_profiler)
+    """verl's per-role profiler (:mod:`rlforge.config.profiler`); rlforge profiles whole steps."""
     update_weights_bucket_megabytes: int = 512
     """Bucket size for weight sync to the backend (MiB)."""
     skip_rollout: bool = False

@@ -9,8 +9,19 @@ from rlforge.config.actor import ActorRolloutRefConfig
 from rlforge.config.algorithm import AlgorithmConfig
 from rlforge.config.critic import CriticConfig
 from rlforge.config.data import DataConfig
+from rlforge.config.profiler import GlobalProfilerConfig
 from rlforge.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from rlforge.config.trainer import TrainerConfig
+
+
+@dataclass
+class RayKwargsConfig:
+    """verl's ``ray_kwargs`` (rlforge runs without Ray: a value warns)."""
+
+    ray_init: dict[str, Any] = field(default_factory=dict)
+    """Free-form keyword arguments of ``ray.init`` (as in verl)."""
+    timeline_json_file: str | None = None
+    """Where verl writes Ray's timeline; None = none."""
 
 
 @dataclass
@@ -31,11 +42,11 @@ class RLForgeConfig:
     """Advantage estimator and KL control."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run loop, logging, checkpoints."""
-    global_profiler: dict[str, Any] = field(default_factory=dict)
-    """verl's profiler block (free-form): ``tool=torch`` with ``steps`` records those steps with torch.profiler
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    """verl's profiler block (:mod:`rlforge.config.profiler`): ``tool=torch`` with ``steps`` records those steps with torch.profiler
     (into ``save_path`` where set); every other setting warns (:mod:`rlforge.perf.verl_profiler`)."""
-    ray_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Free-form verl Ray settings (accepted; rlforge does not use Ray)."""
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    """verl's Ray settings (accepted and warned; rlforge does not use Ray)."""
     ray_init: dict[str, Any] = field(default_factory=dict)
     """Older verl name of ``ray_kwargs.ray_init`` (accepted; not used)."""
 

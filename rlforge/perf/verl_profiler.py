@@ -13,6 +13,7 @@ that would change what verl does is named in one warning line by :func:`global_p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ KNOWN_KEYS = ("tool", "steps", "profile_continuous_steps", "save_path", "global_
 """verl's ``global_profiler`` keys (``_target_``, Hydra metadata, is dropped by the loader)."""
 
 VERL_TOOLS = ("nsys", "npu", "torch", "torch_memory")
+
+VERL_SAVE_PATH = "outputs/profile"
+"""verl's default ``global_profiler.save_path`` (its YAML files carry it): silent without a recording."""
 
 VERL_TOOL_CONFIG_DEFAULTS: dict[str, Any] = {
     "nsys.discrete": False,
@@ -57,6 +61,14 @@ class TorchProfile:
     save_path: str | None = None
 
 
+def as_mapping(gp: Any) -> Mapping[str, Any]:
+    """The ``global_profiler`` block as a mapping: the schema's dataclass
+    (:class:`rlforge.config.profiler.GlobalProfilerConfig`) or a mapping already (None = empty)."""
+    if dataclasses.is_dataclass(gp) and not isinstance(gp, type):
+        return dataclasses.asdict(gp)
+    return gp or {}
+
+
 def _steps(gp: Mapping[str, Any]) -> tuple[int, ...]:
     steps = gp.get("steps")
     if steps is None:
@@ -68,13 +80,14 @@ def _steps(gp: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(int(s) for s in steps)
 
 
-def torch_profile(gp: Mapping[str, Any]) -> TorchProfile:
+def torch_profile(gp: Any) -> TorchProfile:
     """The steps to record with ``torch.profiler`` and their folder: ``steps`` and ``save_path`` when
     ``tool=torch``, else none.
 
     Raises:
         ConfigError: ``global_profiler.steps`` is not null or a list of steps >= 1.
     """
+    gp = as_mapping(gp)
     steps = _steps(gp)
     if gp.get("tool") != "torch":
         return TorchProfile()
@@ -92,9 +105,10 @@ def _flatten(value: Any, prefix: str) -> dict[str, Any]:
     return out
 
 
-def global_profiler_warning(gp: Mapping[str, Any], key: str) -> str:
+def global_profiler_warning(gp: Any, key: str) -> str:
     """The warning line for ``global_profiler.<key>`` (one of :data:`KNOWN_KEYS`, or ``""`` for the keys
     verl does not have), or ``""`` when the setting takes effect or matches verl's default."""
+    gp = as_mapping(gp)
     tool, steps = gp.get("tool"), _steps(gp)
     name = f"global_profiler.{key}"
     if key == "tool" and tool is not None and tool != "torch":
@@ -107,16 +121,16 @@ def global_profiler_warning(gp: Mapping[str, Any], key: str) -> str:
     if key == "steps" and steps and tool != "torch":
         return (f"{name}={list(steps)}: no step is profiled without global_profiler.tool=torch (the one tool "
                 "rlforge has; verl too profiles nothing without a tool); ignored")
-    if key == "save_path" and gp.get("save_path") is not None and not (tool == "torch" and steps):
+    if key == "save_path" and gp.get("save_path") not in (None, VERL_SAVE_PATH) and not (tool == "torch" and steps):
         return (f"{name}={gp.get('save_path')}: only the torch.profiler files of global_profiler.tool=torch and "
                 "global_profiler.steps go there, and none is written; ignored")
     if key == "profile_continuous_steps" and gp.get("profile_continuous_steps"):
         return f"{name}=True: rlforge writes one torch.profiler trace per step and rank; ignored"
     if key == "global_tool_config":
-        changed = sorted(k for k, v in _flatten(gp.get("global_tool_config") or {}, "").items()
+        changed = sorted((k, v) for k, v in _flatten(gp.get("global_tool_config") or {}, "").items()
                          if k not in VERL_TOOL_CONFIG_DEFAULTS or VERL_TOOL_CONFIG_DEFAULTS[k] != v)
         if changed:
-            return (f"{name}: {', '.join(changed)} configure profilers that rlforge does not run (nsys, "
+            return (f"{', '.join(f'{name}.{k}={v}' for k, v in changed)} configure profilers that rlforge does not run (nsys, "
                     "torch_memory); ignored")
     if key == "":
         unknown = sorted(str(k) for k in gp if k not in KNOWN_KEYS and k != "_target_")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlforge.cli import main
-from rlforge.config.check import MAPPED, TAKES_EFFECT, WARNED, check_config
+from rlforge.config.check import AUTO, MAPPED, TAKES_EFFECT, WARNED, check_config
 
 _ARR = "actor_rollout_ref"
 
@@ -40,7 +40,7 @@ def test_cli_prints_lines_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out.splitlines()
     assert status == 0
     assert out[:2] == ["data.train_batch_size: takes effect", f"{_ARR}.rollout.n: takes effect"]
-    assert out[-1] == "2 keys: 2 takes effect, 0 mapped, 0 warned; none refused"
+    assert out[-1] == "2 keys: 2 takes effect, 0 mapped, 0 warned, 0 auto; none refused"
 
 
 def test_cli_with_verl_config_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,3 +85,33 @@ def test_verl_rollout_backends_run_as_native_with_a_warning(capsys: pytest.Captu
         assert main(["check-config", f"{_ARR}.rollout.name={name}"]) == 0
         out = capsys.readouterr().out
         assert f"{_ARR}.rollout.name: warned" in out and "running rlforge's native engine instead" in out, out
+
+
+_TUNED = ("auto (tuned: rlforge train chooses it for the GPU at start, `rlforge tune` shows the plan; on a CPU it "
+          "keeps its default)")
+
+
+def test_auto_on_the_command_line_is_reported_as_tuned() -> None:
+    report = check_config([f"{_ARR}.actor.use_dynamic_bsz=auto", "critic.use_dynamic_bsz=true"])
+    assert [v.line() for v in report.keys] == [f"{_ARR}.actor.use_dynamic_bsz: {_TUNED}",
+                                               "critic.use_dynamic_bsz: takes effect"]
+
+
+def test_auto_in_a_config_file_is_reported_as_on_the_command_line(tmp_path, capsys) -> None:
+    f = tmp_path / "run.yaml"
+    f.write_text(f"{_ARR}:\n  actor:\n    use_dynamic_bsz: auto\n  rollout:\n    max_num_seqs: auto\n"
+                 "data:\n  train_batch_size: 512\n")
+    report = check_config(config_file=str(f))
+    assert {v.key: v.verdict for v in report.keys} == {f"{_ARR}.actor.use_dynamic_bsz": AUTO,
+                                                       f"{_ARR}.rollout.max_num_seqs": AUTO,
+                                                       "data.train_batch_size": TAKES_EFFECT}
+    # a later value takes the key back from auto
+    back = check_config([f"{_ARR}.rollout.max_num_seqs=64"], config_file=str(f))
+    assert {v.key: v.verdict for v in back.keys}[f"{_ARR}.rollout.max_num_seqs"] == TAKES_EFFECT
+    # --config-path/--config-name: the same, and the CLI counts it
+    (tmp_path / "mine.yaml").write_text(f"defaults:\n  - ppo_trainer\n  - _self_\n{_ARR}:\n  rollout:\n"
+                                        "    max_num_seqs: auto\n")
+    assert main(["check-config", f"--config-path={tmp_path}", "--config-name=mine"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{_ARR}.rollout.max_num_seqs: {_TUNED}"
+    assert out[-1] == "1 keys: 0 takes effect, 0 mapped, 0 warned, 1 auto; none refused"

@@ -237,6 +237,35 @@ def test_delete_order_and_blocks() -> None:
     assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "constant"
 
 
+def test_delete_of_a_verl_alias_deletes_the_key_it_maps_onto() -> None:
+    a = "actor_rollout_ref.actor"
+    cfg = load_config([f"{a}.optim.clip_grad=3.0", f"~{a}.optim.clip_grad"])
+    assert cfg.actor_rollout_ref.actor.grad_clip == 1.0  # verl's default
+    assert f"{a}.grad_clip" not in user_keys(cfg)
+    # the rlforge key given directly is deleted through the alias too; a later value wins again
+    assert load_config([f"{a}.grad_clip=2.5", f"~{a}.optim.clip_grad"]).actor_rollout_ref.actor.grad_clip == 1.0
+    assert load_config([f"~{a}.optim.clip_grad", f"{a}.optim.clip_grad=4.0"]).actor_rollout_ref.actor.grad_clip == 4.0
+    # ~key=value compares with the value on rlforge's key
+    assert load_config([f"{a}.optim.clip_grad=3.0", f"~{a}.optim.clip_grad=3.0"]).actor_rollout_ref.actor.grad_clip == 1.0
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.grad_clip is 3\.0, not 2\.0"):
+        load_config([f"{a}.optim.clip_grad=3.0", f"~{a}.optim.clip_grad=2.0"])
+    # a block of verl's aliases: every rlforge key below it
+    m = "actor_rollout_ref.model"
+    cfg = load_config([f"{m}.lora.rank=8", f"{m}.lora.alpha=64", f"~{m}.lora"])
+    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (0, 16)
+
+
+def test_delete_of_a_verl_only_key_drops_its_warning() -> None:
+    from rlforge.config.later_work import later_work_warnings
+
+    key = "actor_rollout_ref.rollout.expert_parallel_size"
+    assert any(w.startswith(f"{key}=4") for w in later_work_warnings(load_config([f"{key}=4"])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not an rlforge config key" warning: the key is verl's
+        cfg = load_config([f"{key}=4", f"~{key}"])
+    assert not any(key in w for w in later_work_warnings(cfg))
+
+
 def test_delete_below_a_free_form_field_removes_the_entry() -> None:
     cfg = load_config(["+actor_rollout_ref.model.override_config.a=1", "+actor_rollout_ref.model.override_config.b=2",
                        "~actor_rollout_ref.model.override_config.a"])

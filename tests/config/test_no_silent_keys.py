@@ -188,7 +188,6 @@ def set_key(cfg: Any, dotted: str, value: Any) -> None:
 
 
 PROBES: dict[str, Any] = {
-    "actor_rollout_ref.rollout.multi_turn": {"enable": True},  # verl runs single-turn unless `enable`
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",  # the one other valid value
 }
 """Non-default values for keys where the generic :func:`probe_value` would not be one a user sets."""
@@ -242,33 +241,35 @@ def not_reported(cfg: Any, keys: list[str], warnings_of: Callable[[Any], list[st
 
 
 FREE_FORM_KEYS: dict[str, Any] = {
-    "global_profiler.tool": "torch",
-    "global_profiler.steps": [1],
-    "global_profiler.profile_continuous_steps": True,
-    "global_profiler.save_path": "outputs/profile",
-    "global_profiler.global_tool_config": {"nsys": {"discrete": True}},
-    "ray_kwargs.ray_init": {"num_cpus": 4},
-    "ray_kwargs.timeline_json_file": "timeline.json",
+    "ray_kwargs.ray_init.num_cpus": 4,
     "ray_init.num_cpus": 4,
-    "data.sampler.class_path": "pkg/curriculum.py",
-    "data.sampler.class_name": "Curriculum",
-    "data.datagen.path": "pkg/gen.py",
-    "data.datagen.name": "Generator",
-    "reward_model.sandbox_fusion.url": "http://localhost:8080/run_code",
-    "reward_model.profiler.enable": True,
-    "actor_rollout_ref.actor.profiler.enable": True,
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space": 4,
+    "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend": "triton",
+    "actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters": 32,
+    "global_profiler.global_tool_config.nsys.worker_nsight_options.sample": "none",
+    "global_profiler.global_tool_config.torch_memory.kw_args.device": 0,
 }
-"""Sub-keys that verl gives some free-form fields (its ``_generated_ppo_trainer.yaml``), each with a value a
-user sets.  Set alone, each one warns; where a combination takes effect (``global_profiler.tool=torch`` with
-``steps`` and ``save_path``: torch.profiler traces of those steps in that folder) a test shows it
-(:data:`FREE_FORM_EFFECTS`)."""
+"""Sub-keys a user gives the fields that verl too keeps free-form (``ray.init`` arguments, engine arguments per
+backend, nsys options), each with a value a user sets.  Set alone, each one warns.  The blocks verl types
+(profilers, ``multi_turn``, ``agent``, ...) are typed here too, so the schema walk covers their leaves
+(:data:`TYPED_VERL_BLOCKS`)."""
+
+TYPED_VERL_BLOCKS = (
+    "global_profiler", "ray_kwargs", "data.sampler", "data.datagen", "reward_model.sandbox_fusion",
+    *(f"{node}.profiler" for node in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout",
+                                      "critic", "reward_model")),
+    *(f"actor_rollout_ref.rollout.{b}" for b in ("multi_turn", "agent", "trace", "engine_kwargs")),
+)
+"""Blocks that verl types and rlforge once took free-form: :func:`test_typed_verl_blocks_warn_leaf_by_leaf`
+sets each of their leaves alone (config only, no run)."""
 
 FREE_FORM_EFFECTS: dict[str, str] = {
     "global_profiler.tool": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
     "global_profiler.steps": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
     "global_profiler.save_path": "tests/perf/test_verl_profiler.py::test_global_profiler_torch_steps_reach_the_monitor",
 }
-"""Free-form sub-keys that take effect together with others: ``key -> the test that shows the effect``."""
+"""verl profiler keys that take effect together with others (``global_profiler.tool=torch`` with ``steps`` and
+``save_path``: torch.profiler traces of those steps in that folder): ``key -> the test that shows the effect``."""
 
 
 def _get_free(cfg: Any, dotted: str) -> tuple[dict, str]:
@@ -520,7 +521,18 @@ def test_free_form_sub_keys_warn_or_take_effect() -> None:
     root = Path(rlforge.__file__).parent.parent
     for key, test in FREE_FORM_EFFECTS.items():
         path, _, name = test.partition("::")
-        assert key in FREE_FORM_KEYS and f"def {name}(" in (root / path).read_text(), (key, test)
+        assert key in all_keys() and f"def {name}(" in (root / path).read_text(), (key, test)
+
+
+def test_typed_verl_blocks_warn_leaf_by_leaf() -> None:
+    """Each leaf of the blocks verl types, set alone to a non-default value, warns naming it (the e2e walk
+    also counts reads; these blocks are read by no run, or only to be checked)."""
+    keys = [k for k in all_keys() if k.startswith(tuple(f"{b}." for b in TYPED_VERL_BLOCKS))]
+    assert len(keys) >= 90, len(keys)  # 5 profilers x 12 + global 9 + multi_turn 15 + agent 6 + ...
+    assert "actor_rollout_ref.rollout.engine_kwargs.vllm" in keys  # free-form as in verl: one leaf
+    assert "actor_rollout_ref.actor.profiler.tool_config.npu.level" in keys
+    silent = not_reported(rlforge.config.load_config(), keys)
+    assert not silent, f"leaves of verl's typed blocks that change nothing and warn about nothing: {silent}"
 
 
 def test_whole_schema_is_walked() -> None:
@@ -529,7 +541,11 @@ def test_whole_schema_is_walked() -> None:
     for section in ("data.", "algorithm.", "custom_reward_function.", "reward_model.reward_manager",
                     "actor_rollout_ref.nccl_timeout", "global_profiler", "ray_kwargs"):
         assert any(k.startswith(section) for k in keys), section
-    assert walked_elsewhere("reward_model.judge.path") and not walked_elsewhere("reward_model.sandbox_fusion")
+    assert walked_elsewhere("reward_model.judge.path") and not walked_elsewhere("reward_model.sandbox_fusion.url")
+    for typed in ("actor_rollout_ref.rollout.multi_turn.max_user_turns", "critic.profiler.tool_config.torch.contents",
+                  "actor_rollout_ref.rollout.agent.custom_async_server.path", "global_profiler.steps"):
+        assert typed in keys, typed
+    assert "actor_rollout_ref.rollout.multi_turn" not in keys  # a node now, walked leaf by leaf
 
 
 def _backend_reads(kind: str, value: str, model: torch.nn.Module, tokenizer: Any) -> set[str]:
@@ -665,7 +681,9 @@ def test_multi_turn_without_tools_or_interactions_warns(extra, warned) -> None:
     key = "actor_rollout_ref.rollout.multi_turn.enable"
     cfg = rlforge.config.load_config()
     assert not [w for w in later_work_warnings(cfg) if key in w]  # off by default: silent
-    set_key(cfg, "actor_rollout_ref.rollout.multi_turn", {"enable": True, **extra})
+    from rlforge.config.rollout import MultiTurnSchema
+
+    set_key(cfg, "actor_rollout_ref.rollout.multi_turn", MultiTurnSchema(enable=True, **extra))
     hits = [w for w in later_work_warnings(cfg) if key in w]
     assert bool(hits) is warned, hits
     if warned:

@@ -9,6 +9,7 @@ set to a non-default value through the loader, one at a time.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,12 @@ def kind(key: str) -> str:
     return "warned" if verl_keys.is_verl_only(key) else "unknown"
 
 
-def probe(default: Any) -> Any:
-    """A value a user could set, other than ``default``."""
+def probe(default: Any, tp: Any = None) -> Any:
+    """A value a user could set, other than ``default`` (of rlforge's type ``tp`` where given: ``list[int]``
+    gets a number)."""
+    if tp is not None and typing.get_origin(schema.strip_optional(tp)) is list:
+        numbers = typing.get_args(schema.strip_optional(tp)) in ((int,), (float,))
+        return [*(default if isinstance(default, list) else []), 2 if numbers else "probe"]
     if isinstance(default, bool):
         return not default
     if isinstance(default, int):
@@ -83,6 +88,64 @@ def test_every_verl_leaf_key_is_known(name):
     assert not unknown, f"verl keys of {name} that rlforge does not know: {unknown}"
     counts = {v: sum(1 for x in kinds.values() if x == v) for v in ("typed", "free", "mapped", "warned")}
     assert sum(counts.values()) == len(keys) > 400, counts
+    free = sorted(k for k, v in kinds.items() if v == "free")
+    stray = [k for k in free if not k.startswith(VERL_FREE_FORM)]
+    assert not stray, f"verl types these keys, rlforge takes them free-form: {stray}"
+    assert "global_profiler.global_tool_config.nsys.worker_nsight_options.kill" in free
+
+
+VERL_FREE_FORM = (
+    "actor_rollout_ref.model.override_config.", "critic.model.override_config.",  # HFModelConfig: dict
+    "actor_rollout_ref.actor.megatron.override_transformer_config.",  # McoreEngineConfig: dict
+    "critic.megatron.override_transformer_config.",
+    "global_profiler.global_tool_config.nsys.controller_nsight_options.",  # nsys command-line options
+    "global_profiler.global_tool_config.nsys.worker_nsight_options.",
+    "ray_kwargs.ray_init.",  # ray.init keyword arguments
+)
+"""The only verl leaves that lie below a free-form field of rlforge's schema: those below verl's own dicts
+(written out by hand from verl's dataclasses and YAML)."""
+
+
+def test_typed_blocks_refuse_a_typo_and_a_wrong_type():
+    from rlforge.errors import ConfigError
+
+    cases = {
+        "actor_rollout_ref.rollout.multi_turn.max_turns=2": "unknown config key 'actor_rollout_ref.rollout.multi_turn"
+                                                            ".max_turns'; did you mean",
+        "critic.profiler.tool_config.torch.content=[cpu]": "did you mean 'critic.profiler.tool_config.torch.contents'",
+        "actor_rollout_ref.rollout.agent.num_worker=4": "did you mean 'actor_rollout_ref.rollout.agent.num_workers'",
+        "actor_rollout_ref.rollout.engine_kwargs.vlm.swap_space=4": "did you mean "
+                                                                   "'actor_rollout_ref.rollout.engine_kwargs.vllm'",
+        "reward_model.sandbox_fusion.urls=x": "did you mean 'reward_model.sandbox_fusion.url'",
+        "data.sampler.class=x": "unknown config key 'data.sampler.class'",
+        "actor_rollout_ref.rollout.trace.token2text=maybe": "actor_rollout_ref.rollout.trace.token2text: expected bool",
+        "actor_rollout_ref.ref.profiler.ranks=[a]": "actor_rollout_ref.ref.profiler.ranks: expected list of int",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_config([override])
+        assert message in str(e.value) and "\n" not in str(e.value), (override, str(e.value))
+
+
+def test_free_form_dicts_of_verl_take_new_keys():
+    cfg = load_config(["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+                       "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton",
+                       "+ray_kwargs.ray_init.runtime_env.env_vars.A=1"])
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm == {"swap_space": 4}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.sglang == {"attention_backend": "triton"}
+    assert cfg.ray_kwargs.ray_init == {"runtime_env": {"env_vars": {"A": 1}}}
+
+
+def test_role_profilers_follow_the_global_block_as_in_verl():
+    cfg = load_config(["global_profiler.tool=torch", "global_profiler.save_path=p",
+                       "actor_rollout_ref.actor.profiler.ranks=[0,1]",
+                       "global_profiler.global_tool_config.torch_memory.stack_depth=8"])
+    arr = cfg.actor_rollout_ref
+    assert (arr.actor.profiler.tool, arr.ref.profiler.save_path, cfg.critic.profiler.tool) == ("torch", "p", "torch")
+    assert arr.rollout.profiler.ranks == [0, 1] and cfg.reward_model.profiler.ranks == []
+    assert arr.rollout.profiler.tool_config.torch_memory.stack_depth == 8
+    new = [w for w in later_work_warnings(cfg) if "profiler" in w and "global_profiler" not in w.partition("=")[0]]
+    assert [w.partition(":")[0] for w in new] == ["actor_rollout_ref.actor.profiler.ranks=[0, 1]"], new
 
 
 def test_aliases_land_on_real_keys():
@@ -92,6 +155,12 @@ def test_aliases_land_on_real_keys():
     for choices in verl_keys.GROUP_CHOICES.values():
         for settings in choices.values():
             assert all(schema.lookup(RLForgeConfig, k) is not None for k in settings)
+
+
+def _first_leaf(key: str, tp: Any) -> str:
+    """The first leaf key below the schema block ``key`` of type ``tp``."""
+    cls = schema.strip_optional(tp)
+    return next(f"{key}.{k}" for k in schema.all_keys(cls) if schema.kind_of(schema.lookup(cls, k)) != "node")
 
 
 @pytest.mark.e2e  # a sweep of hundreds of config loads (~35-100 s on 2 cores): out of the inner loop
@@ -109,7 +178,11 @@ def test_each_verl_key_set_changes_the_config_or_warns(name):
         elif k == "mapped":
             default = get_key(ours, verl_keys.alias_of(key) or _canonical_key(key))
         tp = schema.lookup(RLForgeConfig, verl_keys.alias_of(key) or _canonical_key(key))
-        value = {"probe": 1} if default is None and tp is not None and schema.kind_of(tp) == "free" else probe(default)
+        if k == "typed" and schema.kind_of(tp) == "node":  # verl gives a block as ${...} (the rollout's profiler
+            key = _first_leaf(key, tp)                   # tool_config follows the actor's): set a leaf of it
+            default = get_key(ours, key)
+            tp = schema.lookup(RLForgeConfig, key)
+        value = {"probe": 1} if default is None and tp is not None and schema.kind_of(tp) == "free" else probe(default, tp)
         try:
             cfg = load_config([override(key, value)])
         except Exception as e:  # noqa: BLE001 - collected and reported below

@@ -66,11 +66,23 @@ def _warned(overrides: list[str], gp: dict) -> list[str]:
     ({"save_path": "p"}, "global_profiler.save_path"),
     ({"tool": "torch", "steps": [1], "profile_continuous_steps": True}, "global_profiler.profile_continuous_steps"),
     ({"global_tool_config": {"torch_memory": {"stack_depth": 8}}}, "global_profiler.global_tool_config"),
-    ({"made_up": 1}, "global_profiler.made_up"),
 ])
 def test_global_profiler_settings_without_effect_warn(gp, key) -> None:
     new = _warned([], gp)
     assert any(key in w for w in new), new
+
+
+def test_global_profiler_is_typed_as_verl_types_it() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'global_profiler\.made_up'"):
+        rlforge.config.load_config(["global_profiler.made_up=1"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'global_profiler\.global_tool_config\.nsys\.discret'; "
+                                          r"did you mean 'global_profiler\.global_tool_config\.nsys\.discrete'"):
+        rlforge.config.load_config(["global_profiler.global_tool_config.nsys.discret=true"])
+    with pytest.raises(ConfigError, match=r"^global_profiler\.profile_continuous_steps: expected bool"):
+        rlforge.config.load_config(["global_profiler.profile_continuous_steps=often"])
+    # verl's nsys option dicts stay free-form, as in verl: a new option is accepted and warned
+    new = _warned([], {"global_tool_config": {"nsys": {"worker_nsight_options": {"sample": "none"}}}})
+    assert any("global_profiler.global_tool_config.nsys.worker_nsight_options.sample=none" in w for w in new), new
 
 
 def test_global_profiler_in_effect_and_verl_defaults_are_quiet() -> None:

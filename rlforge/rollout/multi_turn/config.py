@@ -1,8 +1,8 @@
 """``actor_rollout_ref.rollout.multi_turn.*``: verl's multi-turn keys, checked into a typed config.
 
-The schema keeps ``multi_turn`` a free-form mapping (verl's sub-keys change between releases);
-:meth:`MultiTurnConfig.from_mapping` is the one place its keys are read and checked.  An unknown
-sub-key is an error naming the closest valid one.
+The schema types ``multi_turn`` (:class:`rlforge.config.rollout.MultiTurnSchema`: keys and types, checked
+when the config loads); :meth:`MultiTurnConfig.from_mapping` is the one place its values are read and
+checked (ranges, formats).  A mapping with an unknown sub-key is an error naming the closest valid one.
 """
 
 from __future__ import annotations
@@ -46,19 +46,23 @@ class MultiTurnConfig:
     """verl: accepted; token-in/token-out means turns are never re-rendered, so it has no effect."""
     tokenization_sanity_check_mode: str = "strict"
     """verl: accepted; nothing is re-tokenized here, so there is nothing to check."""
+    num_repeat_rollouts: int | None = None
+    """verl: accepted (warned by :mod:`rlforge.config.later_work`); ``rollout.n`` gives the responses per prompt."""
     max_tokens_per_turn: int | None = None
     """Model tokens per assistant turn; a turn that reaches it ends there (an EOS is inserted, masked 0) and
     the conversation goes on.  None = a turn runs until EOS or ``data.max_response_length``."""
 
     @classmethod
     def from_mapping(cls, raw: Any) -> MultiTurnConfig:
-        """Build from the ``multi_turn`` mapping (None = defaults).
+        """Build from the ``multi_turn`` block: the schema's dataclass or a mapping (None = defaults).
 
         Raises:
             ConfigError: an unknown sub-key (naming the closest), a value of the wrong type, a
                 count < 1, ``max_tool_response_length`` < 1, ``tool_timeout_s`` <= 0, or an unknown
                 ``format`` / ``tool_response_truncate_side``.
         """
+        if dataclasses.is_dataclass(raw) and not isinstance(raw, type):
+            raw = {f.name: getattr(raw, f.name) for f in dataclasses.fields(raw)}
         raw = dict(raw or {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {}

@@ -17,7 +17,7 @@ def check_multi_turn(cfg: Any) -> MultiTurnConfig:
             :func:`rlforge.interactions.load_interactions`; and ``rollout.name=hf`` with ``enable=true``.
     """
     r = cfg.actor_rollout_ref.rollout
-    mt = MultiTurnConfig.from_mapping(dict(r.multi_turn or {}))
+    mt = MultiTurnConfig.from_mapping(r.multi_turn)
     if not mt.enable:
         return mt
     if r.name == "hf":
@@ -45,7 +45,7 @@ def prompt_tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
     Raises:
         ConfigError: see :func:`rlforge.tools.load_tools`.
     """
-    mt = MultiTurnConfig.from_mapping(dict(cfg.actor_rollout_ref.rollout.multi_turn or {}))
+    mt = MultiTurnConfig.from_mapping(cfg.actor_rollout_ref.rollout.multi_turn)
     if not mt.enable or not mt.tool_config_path:
         return None
     tools, _ = load_components(mt)
@@ -63,7 +63,7 @@ def maybe_multi_turn(rollout: Any, cfg: Any, tokenizer: Any) -> Any:
     from rlforge.rollout.multi_turn.native import MultiTurnNativeRollout
     from rlforge.rollout.native import NativeRollout
 
-    mt = MultiTurnConfig.from_mapping(dict(cfg.actor_rollout_ref.rollout.multi_turn or {}))
+    mt = MultiTurnConfig.from_mapping(cfg.actor_rollout_ref.rollout.multi_turn)
     if not mt.enable:
         return rollout
     if not isinstance(rollout, NativeRollout):
