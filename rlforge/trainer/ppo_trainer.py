@@ -80,6 +80,7 @@ from rlforge.trainer.run_folder import check_run_folder, interrupted_message, re
 from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.validation import validate
+from rlforge.tune.inprocess import probe_at_start
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:
@@ -148,6 +149,7 @@ class PPOTrainer:
         self.rank, self.world_size = spmd.world()
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
         self.backoff = install_backoff(cfg, self.job, self.world_size)  # out of memory: lower the budget, redo
+        self.tune_metrics = probe_at_start(cfg, self.job, self.world_size)  # GPU: the best few levers measured
         self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
@@ -425,6 +427,7 @@ class PPOTrainer:
         m.update(throughput_metrics(batch, m["timing_s/step"]))
         m.update(memory_metrics(stages=self.stage_memory))
         m.update(self.backoff.metrics())  # tune/oom_backoffs and the budgets back-off may lower
+        m.update(self.tune_metrics)  # tune/probe_s and the probed candidates (rlforge.tune.inprocess)
         m.update(mfu_metrics(
             m, batch["attention_mask"].sum(-1).tolist(), job.rollout_model.config,
             job.critic.engine.module.config if job.critic is not None else None,
