@@ -11,9 +11,11 @@ a candidate is probed only if it differs from the built setting in probed levers
 
 One probe: the update stage at the run's real shapes with synthetic token ids (full-length rows of
 ``max_prompt_length + max_response_length`` tokens, as many as the candidate's token budget holds),
-``repeats`` forward+backward passes through the actor's own training forward; the last one is timed
-(the first pays the allocator's growth).  No optimizer step: the gradients are dropped after, the
-module's mode and every RNG state put back, so the run goes on bit for bit as without the probe.
+forward+backward passes through the actor's own training forward, timed with the device synchronised:
+the first candidate runs ``repeats`` passes and times the last (the first pays the process's one-time
+kernel loading and the allocator's growth), the others one.  No optimizer step: the gradients are
+dropped after, the module's mode and every RNG state put back, so the run goes on bit for bit as without
+the probe.  With ``param_offload`` the weights come to the device once for all candidates.
 
 Score of a candidate (seconds per step): the time model's step (:func:`rlforge.tune.timing.step_time`)
 with the update's forward+backward replaced by the measured seconds per token times the step's
@@ -32,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,8 +45,8 @@ from rlforge.config.common import get_key
 from rlforge.engine.activation import LayerWrapper, decoder_layers, switch_checkpointing
 from rlforge.engine.staging import stage
 from rlforge.tune.apply import apply_levers, config_levers
-from rlforge.tune.levers import Levers
-from rlforge.tune.plan import Candidate, Plan
+from rlforge.tune.levers import LEVER_NAMES, Levers
+from rlforge.tune.plan import Candidate, Plan, choose
 from rlforge.tune.probe import ProbeOutOfMemory, is_oom, probe_best
 from rlforge.tune.timing import optimizer_time
 
@@ -269,9 +271,20 @@ def measure_update(actor: Any, lev: Levers, prompt_len: int, response_len: int, 
 
 # ------------------------------------------------------------------ the probe
 def eligible(plan: Plan, built: Levers, names: set[str]) -> list[Candidate]:
-    """The plan's candidates that differ from ``built`` only in the levers ``names``, by predicted time."""
-    same = [c for c in plan.candidates if replace(c.levers, **{n: getattr(built, n) for n in names}) == built]
-    return sorted(same, key=lambda c: c.time.total)
+    """The candidates worth probing, by predicted time: every lever outside ``names`` as ``built``, each
+    combination of the free checkpointing / resharding with its largest fitting budgets (the planner's
+    search restricted so: :func:`rlforge.tune.plan.choose`).  ``built`` is among them when it is the
+    plan's choice."""
+    from rlforge.errors import ConfigError
+
+    if plan.inputs is None:
+        return []
+    fixed = {n: getattr(built, n) for n in LEVER_NAMES if n not in names}
+    try:
+        sub = choose(plan.inputs, fixed)
+    except ConfigError:
+        return []
+    return sorted(sub.candidates, key=lambda c: c.time.total)
 
 
 def unallocated_bytes(cand: Candidate, engine: Any) -> float:
@@ -297,17 +310,21 @@ def safe_choice(cands: list[Candidate]) -> Candidate:
     return min(cands, key=lambda c: c.peak_bytes)
 
 
-def _runner(cfg: Any, job: Any, plan: Plan, found: dict[Levers, Measurement], limit: float,
-            repeats: int) -> Callable[[Levers], float]:
-    """``run_probe`` for :func:`rlforge.tune.probe.probe_best`: switch, measure, score."""
-    by_levers = {c.levers: c for c in plan.candidates}
+def _runner(cfg: Any, job: Any, plan: Plan, cands: list[Candidate], found: dict[Levers, Measurement],
+            limit: float, repeats: int) -> Callable[[Levers], float]:
+    """``run_probe`` for :func:`rlforge.tune.probe.probe_best`: switch, measure, score.  The first
+    candidate runs ``repeats`` passes (the last timed), the others one."""
+    by_levers = {c.levers: c for c in cands}
+    tried: list[Levers] = []  # the first probe warms the process up (one-time kernel and allocator costs)
     wl, actor = plan.workload, job.actor
     vocab = plan.inputs.shape.vocab if plan.inputs is not None else 32000
     temperature = float(cfg.actor_rollout_ref.rollout.temperature)
 
     def run(lev: Levers) -> float:
         use_levers(cfg, job, lev)
-        m = measure_update(actor, lev, wl.prompt_len, wl.response_len, vocab, temperature, repeats)
+        first = not tried
+        tried.append(lev)
+        m = measure_update(actor, lev, wl.prompt_len, wl.response_len, vocab, temperature, repeats if first else 1)
         cand = by_levers[lev]
         if limit > 0:
             m.peak_bytes += unallocated_bytes(cand, actor.engine)
@@ -340,7 +357,8 @@ def probe_job(cfg: Any, job: Any, plan: Plan, k: int = 3, repeats: int = 2, max_
     limit = MEMORY_FRACTION * torch.cuda.get_device_properties(job.actor.engine.device).total_memory if cuda else 0.0
     found: dict[Levers, Measurement] = {}
     try:
-        winner, _, dropped = probe_best(cands, _runner(cfg, job, plan, found, limit, repeats), k, max_s)
+        with job.actor.engine.phase():  # param_offload: the weights come in once for every candidate
+            winner, _, dropped = probe_best(cands, _runner(cfg, job, plan, cands, found, limit, repeats), k, max_s)
     except BaseException:
         use_levers(cfg, job, built)  # a failed probe leaves the engines as built
         raise
