@@ -224,3 +224,25 @@ def test_preserved_rng_puts_every_generator_back():
     after = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     assert after == (random.random(), float(np.random.rand()), float(torch.rand(1))) != before
+
+
+def test_rlforge_tune_probe_path_on_a_built_job(tmp_path, capsys):
+    """``rlforge tune --probe``'s code on the job the trainer builds (the tiny preset, on the CPU here):
+    the engines are built switchable, the probe measures and leaves engines and config in agreement."""
+    import os
+
+    from helpers import SMALL
+
+    from rlforge.tune.inprocess import probe_for_tune
+
+    tok = os.environ.get("RLFORGE_TEST_TOKENIZER")
+    cfg = load_config([*SMALL, f"trainer.default_local_dir={tmp_path}", "data.max_prompt_length=48",
+                       *([f"{A}.model.tokenizer_path={tok}"] if tok else [])], job="default")
+    plan = plan_config(cfg, fake_device(80, name="test-gpu"))  # a named fake GPU: liger as installed (not here)
+    report = probe_for_tune(cfg, plan, out=print)
+    out = capsys.readouterr().out
+    assert report is not None and report.measured and "rlforge tune: built the job" in out
+    assert f"rlforge tune: probed {len(report.measured) + len(report.dropped)} candidates in" in out
+    assert plan.chosen.levers == report.chosen and plan.measured_s
+    assert bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing) == report.chosen.checkpointing
+
