@@ -41,13 +41,12 @@ import numpy as np
 import torch
 
 from rlforge.batch import Batch
-from rlforge.config.common import get_key
-from rlforge.engine.activation import LayerWrapper, decoder_layers, switch_checkpointing
 from rlforge.engine.staging import stage
 from rlforge.tune.apply import apply_levers, config_levers
 from rlforge.tune.levers import LEVER_NAMES, Levers
 from rlforge.tune.plan import Candidate, Plan, choose
 from rlforge.tune.probe import ProbeOutOfMemory, is_oom, probe_best
+from rlforge.tune.switch import switchable, use_levers
 from rlforge.tune.timing import optimizer_time
 
 PROBED = ("token_budget", "log_prob_budget", "checkpointing", "reshard")
@@ -59,21 +58,6 @@ MAX_PROBE_S = 45.0
 """No further candidate starts after this many seconds of probing (the first always runs)."""
 DISABLE_ENV = "RLFORGE_TUNE_PROBE"
 """``RLFORGE_TUNE_PROBE=0`` turns the start-of-run probe off (the memory model's choice stands)."""
-
-_ARR = "actor_rollout_ref"
-_BUDGET_KEYS = {  # (role attribute, budget attribute) -> the key it follows
-    ("actor", "train_budget"): f"{_ARR}.actor.ppo_max_token_len_per_gpu",
-    ("actor", "budget"): f"{_ARR}.rollout.log_prob_max_token_len_per_gpu",
-    ("reference", "budget"): f"{_ARR}.ref.log_prob_max_token_len_per_gpu",
-    ("critic", "budget"): "critic.ppo_max_token_len_per_gpu",
-    ("critic", "forward_budget"): "critic.forward_max_token_len_per_gpu",
-}
-_CKPT_KEYS = {"actor": f"{_ARR}.model.enable_gradient_checkpointing",
-              "critic": "critic.model.enable_gradient_checkpointing"}
-_RESHARD_KEYS = {"actor": f"{_ARR}.actor.fsdp_config.reshard_after_forward",
-                 "reference": f"{_ARR}.ref.fsdp_config.reshard_after_forward",
-                 "critic": "critic.model.fsdp_config.reshard_after_forward"}
-
 
 @dataclass
 class Measurement:
@@ -108,66 +92,6 @@ class ProbeReport:
             out[f"tune/probe/c{i}/step_s"] = m.step_s
             out[f"tune/probe/c{i}/peak_gb"] = m.peak_bytes / 1e9
         return out
-
-
-# ------------------------------------------------------------------ switching the levers at run time
-def _roles(job: Any) -> dict[str, Any]:
-    return {name: r for name in ("actor", "reference", "critic") if (r := getattr(job, name, None)) is not None}
-
-
-def _fsdp2_layers(engine: Any) -> list[Any]:
-    """The decoder layers of an FSDP2 engine's module that are FSDP units (empty elsewhere)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    module = getattr(engine, "module", None)
-    if module is None:
-        return []
-    try:
-        layers = decoder_layers(module)
-    except ValueError:
-        return []
-    return [m for m in layers if isinstance(m, FSDPModule)]
-
-
-def switchable(job: Any) -> set[str]:
-    """The levers of :data:`PROBED` that ``job``'s actor can switch now: the budgets always,
-    checkpointing where its layers carry wrappers, resharding on FSDP2."""
-    module = job.actor.engine.module
-    out = {"token_budget", "log_prob_budget"}
-    if any(isinstance(m, LayerWrapper) for m in module.modules()):
-        out.add("checkpointing")
-    if _fsdp2_layers(job.actor.engine):
-        out.add("reshard")
-    return out
-
-
-def sync_runtime(cfg: Any, job: Any) -> None:
-    """Make ``job``'s engines follow ``cfg``'s budget, checkpointing and reshard keys (those that
-    the engines can switch; a budget without dynamic batching stays a row count)."""
-    roles = _roles(job)
-    for (role, attr), key in _BUDGET_KEYS.items():
-        budget = getattr(roles.get(role), attr, None)
-        if budget is not None and budget.max_token_len is not None:
-            budget.max_token_len = int(get_key(cfg, key))
-    for role, key in _CKPT_KEYS.items():
-        if role in roles and getattr(roles[role], "engine", None) is not None:
-            engine = roles[role].engine
-            if hasattr(engine, "module"):
-                switch_checkpointing(engine.module, bool(get_key(cfg, key)))
-    seen: set[int] = set()
-    for role, key in _RESHARD_KEYS.items():
-        engine = getattr(roles.get(role), "engine", None)
-        if engine is None or id(engine) in seen:
-            continue
-        seen.add(id(engine))
-        for layer in _fsdp2_layers(engine):
-            layer.set_reshard_after_forward(bool(get_key(cfg, key)), recurse=False)
-
-
-def use_levers(cfg: Any, job: Any, lev: Levers) -> None:
-    """Write ``lev`` into the keys the user left free and switch the engines to them."""
-    apply_levers(cfg, lev)
-    sync_runtime(cfg, job)
 
 
 # ------------------------------------------------------------------ one measurement
@@ -408,7 +332,8 @@ def probe_lines(cands: list[Candidate], report: ProbeReport) -> list[str]:
 def probe_at_start(cfg: Any, job: Any, world_size: int, out: Callable[[str], None] = print) -> dict[str, float]:
     """``rlforge train``'s probe, after the engines are built: on a GPU, in a single process, when a
     probed lever is the tuner's and :data:`DISABLE_ENV` is not ``0``.  Returns its metrics (empty
-    when it did not run)."""
+    when it did not run).  A probe that fails for another reason than memory is one warning, and the
+    engines stay as built."""
     if job.device.type != "cuda" or world_size != 1 or os.environ.get(DISABLE_ENV, "1") == "0":
         return {}
     from rlforge.errors import ConfigError
@@ -419,7 +344,14 @@ def probe_at_start(cfg: Any, job: Any, world_size: int, out: Callable[[str], Non
         plan = plan_config(cfg, detect())
     except ConfigError:
         return {}
-    report = probe_job(cfg, job, plan, out=out)
+    try:
+        report = probe_job(cfg, job, plan, out=out)
+    except Exception as e:  # a speed feature must not stop the run: the built setting stands
+        print(f"rlforge: warning: the tuner's probe failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+              "keeping the memory model's choice", file=sys.stderr, flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {}
     return report.metrics() if report is not None else {}
 
 

@@ -35,8 +35,8 @@ from rlforge.tune.inprocess import (  # noqa: E402
     eligible,
     probe_at_start,
     probe_job,
-    use_levers,
 )
+from rlforge.tune.switch import switchable, use_levers  # noqa: E402
 from rlforge.tune.tuner import plan_config  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -95,7 +95,7 @@ def snapshot(actor):
 def test_the_plan_leaves_several_candidates_to_probe():
     cfg, plan = tuned()
     job, _ = make_job(cfg)
-    names = inprocess.switchable(job)
+    names = switchable(job)
     assert names == {"token_budget", "log_prob_budget", "checkpointing", "reshard"}
     cands = eligible(plan, config_levers(cfg), names)
     assert cands[0].levers == plan.chosen.levers  # the built setting is the predicted best
@@ -167,7 +167,7 @@ def _fake_measure(step_s_by_ckpt_reshard, oom=()):
 def test_the_fastest_measured_wins_even_if_predicted_slower(monkeypatch):
     cfg, plan = tuned()
     job, _ = make_job(cfg)
-    cands = eligible(plan, config_levers(cfg), inprocess.switchable(job))
+    cands = eligible(plan, config_levers(cfg), switchable(job))
     slowest = cands[-1].levers  # predicted slowest of the four
     key = (slowest.checkpointing, slowest.reshard)
     speeds = {(c.levers.checkpointing, c.levers.reshard): 1.0 for c in cands} | {key: 1e-3}
@@ -187,7 +187,7 @@ def test_the_fastest_measured_wins_even_if_predicted_slower(monkeypatch):
 def test_every_probe_out_of_memory_keeps_the_safest_setting_with_one_warning(monkeypatch, capsys):
     cfg, plan = tuned()
     job, _ = make_job(cfg)
-    cands = eligible(plan, config_levers(cfg), inprocess.switchable(job))
+    cands = eligible(plan, config_levers(cfg), switchable(job))
     everything = {(c.levers.checkpointing, c.levers.reshard) for c in cands}
     monkeypatch.setattr(inprocess, "measure_update", _fake_measure({}, oom=everything))
     report = probe_job(cfg, job, plan, k=4)
