@@ -246,3 +246,29 @@ def test_rlforge_tune_probe_path_on_a_built_job(tmp_path, capsys):
     assert plan.chosen.levers == report.chosen and plan.measured_s
     assert bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing) == report.chosen.checkpointing
 
+
+
+def test_a_real_out_of_memory_in_a_probe_pass_drops_the_candidate_and_changes_nothing():
+    """The actor's forward raises CUDA's out-of-memory error whenever checkpointing is on (mid-step, the
+    FSDP2 state unsharded): those candidates are dropped, the others measured, nothing else moved."""
+    cfg, plan = tuned()
+    job, batch = make_job(cfg)
+    job.actor.update(batch, dc.TEMPERATURE)
+    before = snapshot(job.actor)
+    inner = job.actor.log_probs_fn
+
+    def fn(module, mb, temperature, with_entropy):
+        out = inner(module, mb, temperature, with_entropy)
+        if torch.is_grad_enabled() and checkpointing(job.actor):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return out
+
+    job.actor.log_probs_fn = fn
+    report = probe_job(cfg, job, plan, k=4, repeats=1, out=lambda _line: None)
+    assert len(report.dropped) == 2 and all(lev.checkpointing for lev in report.dropped)
+    assert len(report.measured) == 2 and not report.chosen.checkpointing and not checkpointing(job.actor)
+    after = snapshot(job.actor)
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert all(p.grad is None for p in job.actor.engine.module.parameters())
+    job.actor.log_probs_fn = inner
+    job.actor.update(batch, dc.TEMPERATURE)  # the engine still trains after the failed passes
