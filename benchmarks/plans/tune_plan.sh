@@ -4,7 +4,7 @@
 # CUDA tests of param_offload. Run from the repository root:
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
-#                                                                         backoff auto05a auto15r auto7 shape3
+#                                                                         backoff auto05a auto15r auto7 shape3 probe7
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -65,6 +65,7 @@ step_auto15() {  # 1.5B: hand-tuned and auto, one repetition each (budget)
     --rlforge-setups rlforge-hand,rlforge-auto --reps 1 --out /tmp/e2e15 > "$OUT/auto15.txt" 2>&1
   cp /tmp/e2e15/*.md "$OUT"/auto15.md 2>/dev/null
 }
+<<<<<<< HEAD
 step_backoff() {  # the online back-off on a real CUDA out-of-memory error
   timeout -k 5 ${BACKOFF_LIMIT:-180} $PYTEST tests/trainer/test_backoff_cuda.py > "$OUT/backoff.txt" 2>&1
 }
@@ -91,6 +92,15 @@ step_shape3() {  # a shape nothing was tuned on: 3B, responses of up to 768 toke
     --response-len 768 --rlforge-setups rlforge-hand,rlforge-auto --reps ${REPS3:-1} --out /tmp/e2e3 > "$OUT/shape3.txt" 2>&1
   cp /tmp/e2e3/*.md "$OUT"/shape3.md 2>/dev/null
   grep -h -A22 "rlforge tune" /tmp/e2e3/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/shape3_table.txt"
+}
+step_probe7() {  # the in-process probe on 7B (issue 39: at most 60 s, printed): build once, measure the best three
+  local w="actor_rollout_ref.model.path=preset:qwen2.5-7b actor_rollout_ref.model.tokenizer_path=.tok \
+data.train_files=builtin:arithmetic data.val_files=null data.train_batch_size=32 actor_rollout_ref.rollout.n=8 \
+data.max_prompt_length=256 data.max_response_length=512 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+algorithm.adv_estimator=grpo actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.rollout.name=native"
+  { t=$SECONDS; timeout -k 5 ${PROBE7_LIMIT:-900} python3 -m rlforge.cli tune --probe --job none $w
+    echo "probe7 rc=$?: $((SECONDS - t)) s (the whole command: device benchmark, model build, probe)"; } > "$OUT/probe7.txt" 2>&1
+  grep -h "probed .* candidates in\|built the job\|<- chosen\|warning" "$OUT/probe7.txt" > "$OUT/probe7_time.txt"
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-cuda auto05 mem plan}; do

@@ -81,6 +81,7 @@ from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.sample_shards import StepSharding
 from rlforge.trainer.validation import validate
+from rlforge.tune.inprocess import probe_at_start
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:
@@ -149,6 +150,7 @@ class PPOTrainer:
         self.rank, self.world_size = spmd.world()
         seed_everything(int(cfg.data.seed if cfg.data.seed is not None else 1) + self.rank)  # per-rank sampling
         self.backoff = install_backoff(cfg, self.job, self.world_size)  # out of memory: lower the budget, redo
+        self.tune_metrics = probe_at_start(cfg, self.job, self.world_size)  # GPU: the best few levers measured
         self.peak_flops = device_peak_flops(self.job.device)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
@@ -428,6 +430,7 @@ class PPOTrainer:
             self._sample_metrics(batch, m, saved_work)
         m.update(memory_metrics(stages=self.stage_memory))
         m.update(self.backoff.metrics())  # tune/oom_backoffs and the budgets back-off may lower
+        m.update(self.tune_metrics)  # tune/probe_s and the probed candidates (rlforge.tune.inprocess)
         m["training/global_step"] = float(self.global_step)
         m["training/epoch"] = float(job.train_loader.epoch)
         m.update(self.perf.step_metrics())

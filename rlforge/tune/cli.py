@@ -34,7 +34,8 @@ def add_tune_parser(sub: Any) -> None:
     t.add_argument("--device", default=None, help="plan for this device instead of the visible one: "
                    + ", ".join(k.lower() for k in SPECS))
     t.add_argument("--device-memory-gb", type=float, default=None, help="plan for a device of this memory")
-    t.add_argument("--probe", action="store_true", help="on a GPU, run the best candidates for a step each")
+    t.add_argument("--probe", action="store_true", help="on a GPU, build the job once and measure the best "
+                   "candidates' update (a few forward+backward passes each, synthetic tokens)")
     t.add_argument("--check-memory", default=None, metavar="RUN_DIR",
                    help="compare the memory model with RUN_DIR/metrics.jsonl")
     t.add_argument("overrides", nargs="*", help="key=value overrides (as rlforge train)")
@@ -161,11 +162,13 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.probe:
         from rlforge.tune.bench import measured_device
 
+        if detect().is_cpu:
+            raise ConfigError("--probe measures on this machine's GPU, and it has none (plan without --probe)")
         dev = measured_device(dev)
     plan, free = plan_config(cfg, dev), plan_config(cfg, dev, free=True)
     if args.probe:
-        from rlforge.tune.probe import probe_plan
+        from rlforge.tune.inprocess import probe_for_tune
 
-        probe_plan(plan, cfg)
+        probe_for_tune(cfg, plan)
     print(tune_table(plan, free))
     return 0

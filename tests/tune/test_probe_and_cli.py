@@ -38,7 +38,7 @@ def test_a_probe_that_runs_out_of_memory_is_dropped():
 
     winner, measured, dropped = probe_best(plan.candidates, probe, k=3)
     assert dropped == [best3[0].levers] and measured == seconds and winner is best3[2]
-    probe_plan(plan, cfg=None, k=3, run_probe=probe)
+    probe_plan(plan, probe, k=3)
     assert plan.chosen is best3[2] and plan.measured_s == seconds
 
 
