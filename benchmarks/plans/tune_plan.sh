@@ -65,7 +65,6 @@ step_auto15() {  # 1.5B: hand-tuned and auto, one repetition each (budget)
     --rlforge-setups rlforge-hand,rlforge-auto --reps 1 --out /tmp/e2e15 > "$OUT/auto15.txt" 2>&1
   cp /tmp/e2e15/*.md "$OUT"/auto15.md 2>/dev/null
 }
-<<<<<<< HEAD
 step_backoff() {  # the online back-off on a real CUDA out-of-memory error
   timeout -k 5 ${BACKOFF_LIMIT:-180} $PYTEST tests/trainer/test_backoff_cuda.py > "$OUT/backoff.txt" 2>&1
 }
