@@ -445,8 +445,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "{key}={value} is not available in this build; running rlforge's native engine instead "
               "(hf where the model is not Llama/Qwen-family)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,
-              "{key}={value[1]}: tensor-parallel rollout is not available in this build; using 1 (one model copy "
-              "per GPU)",
+              "{key}={value[1]}: rollout.name={value[0]} runs on rlforge's native engine with one model copy per "
+              "process (1); name=native gives a tensor-parallel rollout of that size",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size)),
     LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] == "hf" and v[1] != 0.5,
               "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",

@@ -160,8 +160,10 @@ class RolloutConfig:
     layered_summon: bool = False
     """Gather FSDP weights layer by layer when syncing to the backend."""
     tensor_model_parallel_size: int = 2
-    """Tensor-parallel degree of the rollout engine (verl's default 2).  ``native`` runs one
-    model copy per GPU and stops with a clear message when this is above 1."""
+    """Tensor-parallel degree of the rollout engine (verl's default 2).  With ``name=native`` a
+    size T > 1 splits attention heads and MLP columns over groups of T consecutive ranks (it must
+    divide the world and the model's attention and key/value heads; docs/rollout.md); verl's
+    ``vllm``/``sglang`` names run the native engine with 1 (a warning says so)."""
     max_num_batched_tokens: int = 8192
     """Maximum tokens in one scheduler step of the backend."""
     max_model_len: int | None = None

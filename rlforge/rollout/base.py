@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -67,6 +68,18 @@ class Rollout(ABC):
 
     def metrics(self) -> dict[str, float]:
         """``rollout/*`` metrics of the last :meth:`generate` call (none by default)."""
+        return {}
+
+    @property
+    def collective(self) -> bool:
+        """True when :meth:`generate` is a collective over a group of ranks (a tensor-parallel
+        rollout): every rank must call it, also with no rows of its own.  False by default."""
+        return False
+
+    def weight_slices(self) -> dict[str, Any]:
+        """``{state-dict name in the generating module: its Slice}`` for each tensor of which this
+        rank holds only a part (:mod:`rlforge.rollout.native.tensor_parallel`); the weight sync
+        copies each such tensor's slice only.  Empty by default (every tensor whole)."""
         return {}
 
     @classmethod

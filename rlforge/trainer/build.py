@@ -37,8 +37,11 @@ class Job:
         tokenizer: the policy's tokenizer.
         device: this process's device.
         actor: the trained policy.
-        rollout_model: the rollout's own copy of the policy's causal LM (full, compute dtype),
-            refreshed by ``sync_rollout``; its config and ``save_pretrained`` serve the trainer.
+        rollout_model: the rollout's own copy of the policy's causal LM (compute dtype; this
+            rank's slices of the sharded linears under a tensor-parallel rollout), refreshed by
+            ``sync_rollout``; its config and ``save_pretrained`` serve the trainer.
+        rollout_shapes: ``{name: full shape}`` of ``rollout_model``'s state dict (what a
+            checkpoint must match, whatever the rollout keeps on this rank).
         reference: the reference policy's log-probs, or None where no KL term or loss needs it.
         critic: the value model, or None.
         rollout: the generation backend.
@@ -53,6 +56,7 @@ class Job:
     device: torch.device
     actor: Actor
     rollout_model: torch.nn.Module
+    rollout_shapes: dict[str, tuple[int, ...]]
     reference: LogProbModel | None
     critic: Critic | None
     rollout: Rollout
@@ -81,7 +85,7 @@ def build_job(cfg: Any) -> Job:
     rollout = build_rollout(ctx, policy)
     return Job(
         tokenizer=ctx.tokenizer, device=ctx.device, actor=policy.actor, rollout_model=policy.rollout_model,
-        reference=reference, critic=critic, rollout=rollout.rollout, reward=build_reward(ctx),
+        rollout_shapes=rollout.shapes, reference=reference, critic=critic, rollout=rollout.rollout, reward=build_reward(ctx),
         train_loader=data.train, val_loader=data.val, total_steps=ctx.total_steps, sync_rollout=rollout.sync,
         actor_lora=policy.lora,
     )

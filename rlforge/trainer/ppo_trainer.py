@@ -205,7 +205,7 @@ class PPOTrainer:
         changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(self.cfg))
         actor = self.job.actor.engine
         fresh = optim_settings(actor)
-        reference = {k: tuple(v.shape) for k, v in self.job.rollout_model.state_dict().items()}
+        reference = self.job.rollout_shapes  # full shapes (a TP rollout holds slices)
         ckpt.restore(actor, path, "actor", "actor_rollout_ref.model", reference)
         apply_optim_settings(actor, fresh)  # the new lr, schedule, weight decay, betas take effect
         self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights

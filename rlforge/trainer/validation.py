@@ -41,9 +41,11 @@ def validate(
     rank, size = spmd.world()
     for b, prompts in enumerate(loader):
         mine = prompts.select(np.arange(rank, len(prompts), size))  # this rank's rows
+        if len(mine) == 0 and not rollout.collective:
+            continue
+        batch = rollout.generate(mine.repeat_interleave(n), params)  # a TP group generates with no rows of its own too
         if len(mine) == 0:
             continue
-        batch = rollout.generate(mine.repeat_interleave(n), params)
         out = reward.score(batch)
         preds = out.extra_text.get("pred")
         for i, (src, s) in enumerate(zip(batch.non_tensor["data_source"], out.scores.tolist(), strict=True)):

@@ -117,3 +117,20 @@ def test_two_process_on_policy_skip_matches_the_recomputed_old_log_probs(fsdp2_r
     assert "timing_s/old_log_prob" not in rows["skip"] and "timing_s/old_log_prob" in rows["recompute"]
     for key in ("actor/entropy", "actor/pg_loss", "actor/grad_norm"):
         assert rows["skip"][key] == pytest.approx(rows["recompute"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_two_process_tensor_parallel_rollout_trains_and_resumes(tmp_path):
+    """``rollout.name=native rollout.tensor_model_parallel_size=2`` on 2 processes: one rollout group
+    of both ranks.  The rollout's log-probs equal the trainer's forward at every step, also after the
+    weight syncs (each rank its slice), and a resume checks the checkpoint against the full shapes
+    (the rollout's own copy holds only slices)."""
+    tp = ["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+          "actor_rollout_ref.rollout.calculate_log_probs=true", "data.max_response_length=4"]
+    _, rows = two_process_run(tmp_path, "fsdp2", *tp)
+    res = rlforge("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+                  "trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}", *tp)
+    assert res.returncode == 0, failure(res)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training/global_step"] for r in rows] == [1.0, 2.0, 3.0]
+    assert all(r["training/rollout_probs_diff_max"] < 1e-5 for r in rows), [r["training/rollout_probs_diff_max"]
+                                                                              for r in rows]

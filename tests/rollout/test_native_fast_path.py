@@ -281,9 +281,9 @@ def test_kept_cache_is_reused_and_freed_cache_is_not(model, tiny_tokenizer, batc
     assert m["rollout/wake_s"] >= 0 and m["rollout/sleep_s"] >= 0 and m["rollout/gen_s"] > 0
 
 
-def test_tensor_parallel_rollout_is_a_clear_error(model, tiny_tokenizer):
-    cfg = SimpleNamespace(tensor_model_parallel_size=2)
-    with pytest.raises(ConfigError, match="tensor_model_parallel_size=2.*=1"):
+def test_tensor_parallel_rollout_on_one_process_is_a_clear_error(model, tiny_tokenizer):
+    cfg = SimpleNamespace(tensor_model_parallel_size=2)  # TP itself: test_native_tp.py (2 ranks)
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=2 does not divide the 1 process"):
         NativeRollout.from_config(model, [0], 0, CPU, None, cfg)
 
 

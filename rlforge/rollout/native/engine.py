@@ -53,6 +53,17 @@ from rlforge.rollout.native.rollout_weights import RolloutWeights
 from rlforge.rollout.native.sampler import sample_with_log_probs
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rlforge.rollout.native.sequence import Sequence
+from rlforge.rollout.native.tensor_parallel import (
+    Slice,
+    TPGroup,
+    check_same_outputs,
+    check_tp_size,
+    gather_prompts,
+    group_seed,
+    new_tp_group,
+    shard_module_,
+    shard_rules,
+)
 
 
 class LoopHooks:
@@ -107,6 +118,12 @@ class NativeRollout(Rollout):
             (:mod:`.triton_fused`); None = with the ``triton`` attention backend.
         pack_weights: Q/K/V and gate/up projections as one GEMM each, from copies refreshed
             before every generation (:mod:`.rollout_weights`); None = on CUDA.
+        tp: this rank's tensor-parallel group (:mod:`.tensor_parallel`): ``module`` is sharded
+            in place (each rank keeps its heads and MLP columns), the group generates the union of
+            its ranks' prompts with a generator seeded alike, and each rank gets its own rows
+            back; every rank of the group must call :meth:`generate` together.  CUDA graphs are
+            off under TP (not yet measured with the per-layer all-reduces).  None = the whole
+            model on this rank, today's path.
 
     Raises ValueError for a non-positive size.
     """
@@ -138,6 +155,7 @@ class NativeRollout(Rollout):
         attention: str = "auto",
         fused_kernels: bool | None = None,
         pack_weights: bool | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"rollout block_size must be >= 1, got {block_size}")
@@ -157,8 +175,14 @@ class NativeRollout(Rollout):
         self.gpu_memory_utilization = gpu_memory_utilization
         self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens)
         self.enable_prefix_caching = enable_prefix_caching
+        self.seed = seed
         self.generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
-        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.tp = tp
+        self._slices: dict[str, Slice] = {}
+        if tp is not None:
+            self._slices = shard_rules(module, module, tp.rank, tp.size)
+            shard_module_(module, self._slices)
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager and tp is None
         self.cudagraph_capture_sizes = cudagraph_capture_sizes
         self.free_cache_engine = free_cache_engine
         self.calculate_log_probs = calculate_log_probs
@@ -175,6 +199,19 @@ class NativeRollout(Rollout):
         self._runner: ModelRunner | None = None
         self._graphs: DecodeGraphs | None = None
         self._runner_key: tuple[int, ...] = ()
+
+    @property
+    def collective(self) -> bool:
+        """True under tensor parallelism (see :class:`~rlforge.rollout.base.Rollout`)."""
+        return self.tp is not None
+
+    def weight_slices(self) -> dict[str, Slice]:
+        """See :class:`~rlforge.rollout.base.Rollout` (the sharded linears under TP, else empty)."""
+        return dict(self._slices)
+
+    def _spec(self) -> ModelSpec:
+        """The model's spec on this rank (its share of the heads under TP)."""
+        return ModelSpec.from_module(self.module, 1 if self.tp is None else self.tp.size)
 
     # ------------------------------------------------------------------ memory
     def _cache_dtype(self) -> torch.dtype:
@@ -240,7 +277,8 @@ class NativeRollout(Rollout):
                     "lower data.max_response_length or data.train_batch_size, or actor_rollout_ref.rollout."
                     "gpu_memory_utilization on a GPU"
                 ) from None
-            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights)
+            self._runner = ModelRunner(self.module, self._cache, self.attention, self.fused_kernels, self.pack_weights,
+                                       self.tp)
             self._runner_key = key
             if self.use_graphs:
                 sizes = capture_sizes(self.cudagraph_capture_sizes, batch)
@@ -308,9 +346,14 @@ class NativeRollout(Rollout):
         """See :class:`~rlforge.rollout.base.Rollout`; the loop is ``schedule -> run -> postprocess``
         (module docstring).  Raises ValueError for bad prompts (see :meth:`_check_prompts`),
         RLForgeError when the KV cache cannot be allocated or a sampled logit is not finite."""
+        own, offset = prompts, 0
+        if self.tp is not None:  # the group generates the union of its ranks' prompts, sampled alike
+            prompts, offset = gather_prompts(prompts, self.tp)
+            if self.seed is None:
+                self.generator = torch.Generator(self.device).manual_seed(group_seed(self.tp))
         seqs = self._sequences(prompts, params)
         hooks = self._hooks(prompts)
-        spec = ModelSpec.from_module(self.module)
+        spec = self._spec()
         m: dict[str, float] = {}
         t0 = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
@@ -344,6 +387,9 @@ class NativeRollout(Rollout):
             self._sleep()
         m["rollout/sleep_s"] = time.perf_counter() - t2
         self.last_stats, self.last_num_preemptions = sched.block_manager.stats, sched.num_preemptions
+        if self.tp is not None:
+            check_same_outputs([s.output_ids for s in seqs], self.tp)
+            return self._result(own, seqs[offset:offset + len(own)], sched, hooks, m)
         return self._result(prompts, seqs, sched, hooks, m)
 
     def _result(self, prompts: Batch, seqs: list[Sequence], sched: Scheduler, hooks: LoopHooks,
@@ -468,19 +514,21 @@ class NativeRollout(Rollout):
     ) -> NativeRollout:
         """Reads ``rollout.{max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
         gpu_memory_utilization, enforce_eager, cudagraph_capture_sizes, free_cache_engine,
-        calculate_log_probs, ignore_eos}``.  Raises ConfigError for
-        ``tensor_model_parallel_size > 1`` or a model the runner does not reproduce."""
+        calculate_log_probs, ignore_eos, tensor_model_parallel_size}``; with ``rollout.name=native``
+        and ``tensor_model_parallel_size > 1`` it creates the TP groups (a collective: every rank
+        calls it) and shards ``module`` in place.  Raises ConfigError for a model the runner does
+        not reproduce, or a TP size that does not divide the world or the model's heads."""
         why = unsupported_reason(module)
         if why is not None:
             raise ConfigError(f"actor_rollout_ref.rollout.name=native: {why}. Use actor_rollout_ref.rollout.name=hf")
+        tp = None
+        # verl's vllm/sglang names reach here too, with verl's default size 2: they run with 1
+        # (rlforge.config.later_work warns); an explicit name=native with a size > 1 is tensor parallel
         if int(rollout_cfg.tensor_model_parallel_size) > 1 and getattr(rollout_cfg, "name", "native") == "native":
-            # verl's vllm/sglang names reach here too, with verl's default size 2: they run with 1
-            # (rlforge.config.later_work warns); an explicit name=native with a size > 1 stops
-            raise ConfigError(
-                f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_cfg.tensor_model_parallel_size}: "
-                "the native rollout runs one full model copy per GPU (data parallel); tensor-parallel rollout "
-                "is not available yet. Set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
-            )
+            size = int(rollout_cfg.tensor_model_parallel_size)
+            spec = ModelSpec.from_module(module)
+            check_tp_size(size, spec.num_heads, spec.num_kv_heads, spmd_world())
+            tp = new_tp_group(size)
         sizes = rollout_cfg.cudagraph_capture_sizes
         return cls(
             module, eos_ids, pad_id, device, autocast_dtype=autocast_dtype,
@@ -491,8 +539,13 @@ class NativeRollout(Rollout):
             cudagraph_capture_sizes=[int(x) for x in sizes] if sizes else None,
             free_cache_engine=bool(rollout_cfg.free_cache_engine),
             calculate_log_probs=bool(rollout_cfg.calculate_log_probs),
-            ignore_eos=bool(rollout_cfg.ignore_eos),
+            ignore_eos=bool(rollout_cfg.ignore_eos), tp=tp,
         )
+
+
+def spmd_world() -> int:
+    """The number of processes of this run (1 without a process group)."""
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
 def _elapsed(t0: float, device: torch.device) -> float:

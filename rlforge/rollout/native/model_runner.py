@@ -36,6 +36,7 @@ from rlforge.rollout.native.attention import (
 from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.rollout_weights import RolloutWeights, Slot
 from rlforge.rollout.native.scheduler import SchedulerOutput
+from rlforge.rollout.native.tensor_parallel import TPGroup, all_reduce_
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 """``config.model_type`` values whose decoder layer this runner reproduces."""
@@ -61,16 +62,16 @@ class ModelSpec:
     rms_norm_eps: float
 
     @classmethod
-    def from_module(cls, module: nn.Module) -> ModelSpec:
+    def from_module(cls, module: nn.Module, tp_size: int = 1) -> ModelSpec:
+        """The spec of ``module``'s decoder; with ``tp_size`` > 1 the heads of one rank of a
+        tensor-parallel group (:mod:`.tensor_parallel`; the sizes are checked there)."""
         c = module.config
         why = unsupported_reason(module)
         if why is not None:
             raise NotImplementedError(f"the native rollout cannot run this model: {why}")
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(
-            c.num_hidden_layers, c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            head_dim, c.rms_norm_eps,
-        )
+        kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        return cls(c.num_hidden_layers, c.num_attention_heads // tp_size, kv // tp_size, head_dim, c.rms_norm_eps)
 
 
 @dataclass
@@ -221,14 +222,18 @@ class ModelRunner:
     where Triton cannot run.  ``pack``: Q/K/V and gate/up as one GEMM each
     (:mod:`.rollout_weights`); None = on CUDA.  The GEMM weights are read in the cache's dtype
     (the compute dtype), cast once per generation by :meth:`refresh_weights`, not per step.
+    ``tp``: this rank's tensor-parallel group (``module`` sharded by
+    :func:`~.tensor_parallel.shard_module_`; one all-reduce after ``o_proj`` and one after
+    ``down_proj`` per layer); None = the whole model on this rank (no collective).
     """
 
     def __init__(
         self, module: nn.Module, cache: KVCache, attention: str = "auto", fused: bool | None = None,
-        pack: bool | None = None,
+        pack: bool | None = None, tp: TPGroup | None = None,
     ) -> None:
         self.module = module
-        self.spec = ModelSpec.from_module(module)
+        self.tp = tp
+        self.spec = ModelSpec.from_module(module, 1 if tp is None else tp.size)
         self.cache = cache
         if pack is None:
             pack = cache.data.device.type == "cuda"
@@ -300,10 +305,12 @@ class ModelRunner:
             self.cache.flat(i, 0)[slot_mapping] = k.to(self.cache.data.dtype)
             self.cache.flat(i, 1)[slot_mapping] = v.to(self.cache.data.dtype)
             a = attend(q, i).to(h.dtype)
-            h = h + F.linear(a.reshape(T, -1), *lw.o.linear)
+            o = F.linear(a.reshape(T, -1), *lw.o.linear)
+            h = h + (o if self.tp is None else all_reduce_(o, self.tp))
             x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             gate, up = _project(x, lw.gate_up)
-            h = h + F.linear(F.silu(gate) * up, *lw.down.linear)
+            o = F.linear(F.silu(gate) * up, *lw.down.linear)
+            h = h + (o if self.tp is None else all_reduce_(o, self.tp))
         return h
 
     def _body_fused(
@@ -333,8 +340,12 @@ class ModelRunner:
             q = rope_and_cache(q, k, v, cos, sin, slot_mapping, self.cache.flat(i, 0), self.cache.flat(i, 1))
             a = attend(q, i).to(h.dtype)
             ln = layer.post_attention_layernorm
-            x, h = add_rms_norm(F.linear(a.reshape(T, -1), *lw.o.linear), ln.weight, ln.variance_epsilon, residual=h)
+            o = F.linear(a.reshape(T, -1), *lw.o.linear)
+            x, h = add_rms_norm(o if self.tp is None else all_reduce_(o, self.tp), ln.weight, ln.variance_epsilon,
+                                residual=h)
             delta = F.linear(silu_mul(*_project(x, lw.gate_up)), *lw.down.linear)
+            if self.tp is not None:
+                all_reduce_(delta, self.tp)
         return h if delta is None else h + delta
 
     def _logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 
 from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
-from rlforge.engine.base import copy_full_params
 from rlforge.errors import ConfigError
 from rlforge.models.lora import adapted_names, merged_params
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.rollout.multi_turn.setup import maybe_multi_turn
+from rlforge.rollout.native.tensor_parallel import copy_sliced
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import autocast_dtype
 from rlforge.trainer.builders.policy import Policy
@@ -25,10 +25,13 @@ class RolloutParts:
     """Attributes:
         rollout: the generation backend (wrapped by the agent loop with ``rollout.multi_turn.enable``).
         sync: ``() -> None``: make the actor's new weights visible to the rollout.
+        shapes: ``{name: full shape}`` of the rollout model's state dict (taken before a
+            tensor-parallel rollout shards it; the checkpoint restore checks against them).
     """
 
     rollout: Rollout
     sync: Callable[[], None]
+    shapes: dict[str, tuple[int, ...]]
 
 
 def rollout_name(cfg: Any, module: torch.nn.Module) -> str:
@@ -53,19 +56,41 @@ def eos_ids(tokenizer: Any, module: torch.nn.Module) -> list[int]:
     return ids
 
 
-def rollout_sync(policy: Policy) -> Callable[[], None]:
+def rollout_sync(policy: Policy, slices: dict[str, Any] | None = None) -> Callable[[], None]:
     """The weight sync of ``policy``'s rollout copy: every tensor gathered from the shards one at a
-    time (bounded memory); with LoRA only the adapted layers, each merged (``W + scaling * B @ A``)."""
+    time (bounded memory); with LoRA only the adapted layers, each merged (``W + scaling * B @ A``).
+    ``slices``: the rollout model's tensors this rank holds a slice of (a tensor-parallel
+    rollout, :meth:`Rollout.weight_slices`): each rank copies only its slice of those."""
     engine, lora = policy.actor.engine, policy.lora
+    lm_slices = dict(slices or {})
+    copy_slices = {policy.lm_prefix + k: v for k, v in lm_slices.items()}  # names in the engine's module
 
     def sync() -> None:
-        if lora is None:
+        if lora is None and not copy_slices:
             engine.sync_to(policy.rollout_copy)
-            return
-        full = engine.full_params_iter(keep=adapted_names(lora, policy.lm_prefix))
-        copy_full_params(merged_params(full, lora, policy.lm_prefix), policy.rollout_model)
+        elif lora is None:
+            with engine.phase():
+                copy_sliced(engine.full_params_iter(), policy.rollout_copy, copy_slices)
+        else:
+            full = engine.full_params_iter(keep=adapted_names(lora, policy.lm_prefix))
+            copy_sliced(merged_params(full, lora, policy.lm_prefix), policy.rollout_model, lm_slices)
 
     return sync
+
+
+def check_tp_rollout(cfg: Any, rollout: Rollout) -> None:
+    """Raises ConfigError (one line) for what a tensor-parallel rollout does not run with: the agent
+    loop (``rollout.multi_turn.enable``) and dynamic sampling (``algorithm.filter_groups.enable``,
+    whose full ranks skip generation while the others generate)."""
+    if not rollout.collective:
+        return
+    tp = f"actor_rollout_ref.rollout.tensor_model_parallel_size={cfg.actor_rollout_ref.rollout.tensor_model_parallel_size}"
+    if dict(cfg.actor_rollout_ref.rollout.multi_turn or {}).get("enable", False):
+        raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.enable=true runs with {tp} only at size 1 in this "
+                          "build; set actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    if cfg.algorithm.filter_groups.enable:
+        raise ConfigError(f"algorithm.filter_groups.enable=true runs with {tp} only at size 1 in this build; set "
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
 
 
 def build_rollout(ctx: BuildContext, policy: Policy) -> RolloutParts:
@@ -76,8 +101,8 @@ def build_rollout(ctx: BuildContext, policy: Policy) -> RolloutParts:
     Raises ConfigError: rollout correction on a backend that returns no log-probs (hf)."""
     cfg = ctx.cfg
     arr = cfg.actor_rollout_ref
-    policy.rollout_copy.to(ctx.device)
     model = policy.rollout_model
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     name = rollout_name(cfg, model)
     if rollout_correction_on(cfg.algorithm.rollout_correction):  # it needs the rollout's log-probs
         if name != "native":
@@ -87,9 +112,11 @@ def build_rollout(ctx: BuildContext, policy: Policy) -> RolloutParts:
     rollout = ROLLOUTS.get(name).from_config(
         model, eos_ids(ctx.tokenizer, policy.lm), ctx.tokenizer.pad_token_id, ctx.device,
         autocast_dtype(ctx.device), arr.rollout,
-    )
+    )  # a tensor-parallel native rollout shards `model` in place, before it moves to the device
+    policy.rollout_copy.to(ctx.device)
+    check_tp_rollout(cfg, rollout)
     rollout = maybe_multi_turn(rollout, cfg, ctx.tokenizer)  # rollout.multi_turn.enable: the agent loop
-    sync = rollout_sync(policy)
+    sync = rollout_sync(policy, rollout.weight_slices())
     if policy.lora is not None and arr.model.lora_adapter_path:
         sync()
-    return RolloutParts(rollout, sync)
+    return RolloutParts(rollout, sync, shapes)
