@@ -96,7 +96,8 @@ step_probe7() {  # the in-process probe on 7B (issue 39: at most 60 s, printed):
   local w="actor_rollout_ref.model.path=preset:qwen2.5-7b actor_rollout_ref.model.tokenizer_path=.tok \
 data.train_files=builtin:arithmetic data.val_files=null data.train_batch_size=32 actor_rollout_ref.rollout.n=8 \
 data.max_prompt_length=256 data.max_response_length=512 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
-algorithm.adv_estimator=grpo actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.rollout.name=native"
+algorithm.adv_estimator=grpo actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.rollout.name=native \
+actor_rollout_ref.rollout.tensor_model_parallel_size=1"
   { t=$SECONDS; timeout -k 5 ${PROBE7_LIMIT:-900} python3 -m rlforge.cli tune --probe --job none $w
     echo "probe7 rc=$?: $((SECONDS - t)) s (the whole command: device benchmark, model build, probe)"; } > "$OUT/probe7.txt" 2>&1
   grep -h "probed .* candidates in\|built the job\|<- chosen\|warning" "$OUT/probe7.txt" > "$OUT/probe7_time.txt"

@@ -76,6 +76,12 @@ def _liger_available() -> bool:
     return liger_available()
 
 
+def rollout_tp_honoured(cfg: Any) -> bool:
+    from rlforge.config.rollout_tp import honoured
+
+    return honoured(cfg)
+
+
 _NOT_HERE = "{key}={value} is not available in this single-process build; ignored"
 
 
@@ -444,10 +450,11 @@ LATER_WORK: tuple[LaterWork, ...] = (
     LaterWork(f"{_ARR}.rollout.name", lambda v: v in VERL_ROLLOUTS,
               "{key}={value} is not available in this build; running rlforge's native engine instead "
               "(hf where the model is not Llama/Qwen-family)"),
-    LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1,
+    LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1 and not v[2],
               "{key}={value[1]}: rollout.name={value[0]} runs on rlforge's native engine with one model copy per "
-              "process (1); name=native gives a tensor-parallel rollout of that size",
-              lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size)),
+              "process (1): a size is used where you set it and it divides the world (or with name=native)",
+              lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size,
+                         rollout_tp_honoured(c))),
     LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] == "hf" and v[1] != 0.5,
               "{key}={value[1]} only applies to the native rollout (rollout.name=native); ignored by hf",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.gpu_memory_utilization)),

@@ -9,9 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlforge.config.root import uses_critic
-from rlforge.config.validate import uses_ref
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -84,29 +81,9 @@ def layout_of(cfg: Any, gpus: int | None = None, nnodes: int | None = None) -> L
 
 
 def users_rollout_tp(cfg: Any, world: int) -> int:
-    """The rollout's tensor-parallel size on ``world`` ranks: ``rollout.tensor_model_parallel_size`` where the
-    user set it and it divides ``world``, else 1 (verl's default of 2 is not the user's choice)."""
-    from rlforge.tune.unset import is_users
+    """The rollout's tensor-parallel size on ``world`` ranks (:func:`rlforge.config.rollout_tp.rollout_tp_size`,
+    1 where it does not divide ``world``)."""
+    from rlforge.config.rollout_tp import rollout_tp_size
 
-    t = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    return t if t > 1 and world % t == 0 and is_users(cfg, key) else 1
-
-
-def workload_of(cfg: Any, layout: Layout | None = None) -> Workload:
-    """The step of ``cfg`` on one rank of ``layout`` (default: the config's own)."""
-    from rlforge.trainer.on_policy import skips_old_log_prob
-
-    lay = layout or layout_of(cfg)
-    arr = cfg.actor_rollout_ref
-    n = int(arr.rollout.n)
-    mtype = str(arr.actor.fsdp_config.model_dtype).lower()
-    return Workload(
-        rows=max(1, int(cfg.data.train_batch_size) * n // lay.dp),
-        mini_rows=max(1, int(arr.actor.ppo_mini_batch_size) * n // lay.dp),
-        prompt_len=int(cfg.data.max_prompt_length), response_len=int(cfg.data.max_response_length),
-        old_log_prob=not skips_old_log_prob(cfg), ref=uses_ref(cfg), critic=uses_critic(cfg),
-        reward_model=bool(cfg.reward_model.enable), lora_rank=int(arr.model.lora_rank),
-        master_bytes=2 if mtype in ("bf16", "bfloat16", "fp16", "float16") else 4,
-        chunk_size=int(arr.model.fused_kernel_options.chunk_size), layout=lay, strategy=str(arr.actor.strategy),
-    )
+    t = rollout_tp_size(cfg, world)
+    return t if world % t == 0 else 1

@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
+from rlforge.config.rollout_tp import rollout_tp_size
 from rlforge.errors import ConfigError
 from rlforge.models.lora import adapted_names, merged_params
 from rlforge.rollout import ROLLOUTS, Rollout
 from rlforge.rollout.multi_turn.setup import maybe_multi_turn
 from rlforge.rollout.native.tensor_parallel import copy_sliced
+from rlforge.trainer import spmd
 from rlforge.trainer.builders.context import BuildContext
 from rlforge.trainer.builders.engines import autocast_dtype
 from rlforge.trainer.builders.policy import Policy
@@ -78,6 +80,17 @@ def rollout_sync(policy: Policy, slices: dict[str, Any] | None = None) -> Callab
     return sync
 
 
+class _RolloutView:
+    """``rollout.*`` as the backend sees it: the name it runs as and the tensor-parallel size it uses
+    (:func:`rlforge.config.rollout_tp.rollout_tp_size`: verl's vllm/sglang names keep a size the user set)."""
+
+    def __init__(self, node: Any, name: str, tp: int) -> None:
+        self._node, self.name, self.tensor_model_parallel_size = node, name, tp
+
+    def __getattr__(self, key: str) -> Any:
+        return getattr(self._node, key)
+
+
 def check_tp_rollout(cfg: Any, rollout: Rollout) -> None:
     """Raises ConfigError (one line) for what a tensor-parallel rollout does not run with: the agent
     loop (``rollout.multi_turn.enable``) and dynamic sampling (``algorithm.filter_groups.enable``,
@@ -111,7 +124,7 @@ def build_rollout(ctx: BuildContext, policy: Policy) -> RolloutParts:
         arr.rollout.calculate_log_probs = True
     rollout = ROLLOUTS.get(name).from_config(
         model, eos_ids(ctx.tokenizer, policy.lm), ctx.tokenizer.pad_token_id, ctx.device,
-        autocast_dtype(ctx.device), arr.rollout,
+        autocast_dtype(ctx.device), _RolloutView(arr.rollout, name, rollout_tp_size(cfg, spmd.world()[1])),
     )  # a tensor-parallel native rollout shards `model` in place, before it moves to the device
     policy.rollout_copy.to(ctx.device)
     check_tp_rollout(cfg, rollout)
