@@ -7,6 +7,7 @@ from typing import Any
 
 from rlforge.config.actor import ActorRolloutRefConfig
 from rlforge.config.algorithm import AlgorithmConfig
+from rlforge.config.async_training import AsyncTrainingConfig
 from rlforge.config.critic import CriticConfig
 from rlforge.config.data import DataConfig
 from rlforge.config.reward import CustomRewardFunctionConfig, RewardModelConfig
@@ -31,6 +32,8 @@ class RLForgeConfig:
     """Advantage estimator and KL control."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run loop, logging, checkpoints."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Partial rollout: over-provisioned prompts, early stop, carried-over responses (verl's section)."""
     global_profiler: dict[str, Any] = field(default_factory=dict)
     """verl's profiler block (free-form): ``tool=torch`` with ``steps`` records those steps with torch.profiler
     (into ``save_path`` where set); every other setting warns (:mod:`rlforge.perf.verl_profiler`)."""

@@ -74,6 +74,7 @@ from rlforge.trainer.metrics import (
 )
 from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
+from rlforge.trainer.partial_rollout import PartialRollout
 from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
 from rlforge.trainer.reward_components import gdpo_metrics, reward_components
 from rlforge.trainer.run_folder import check_run_folder, interrupted_message, record_config
@@ -152,6 +153,9 @@ class PPOTrainer:
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
+        # async_training.partial_rollout: a pool of prompt groups carried between steps (None when off)
+        self.partial = PartialRollout.from_config(cfg, self.job.rollout, self.job.train_loader, self.world_size,
+                                                  self.adv_fn)
         self.global_step = 0
         # rank 0's folder (a run-<id> sub-folder: on_existing_run=append, or resume_mode=disable); recorded in config.yaml
         self.out_dir = self._rank0(str(self.lock.folder) if self.lock is not None else cfg.trainer.default_local_dir)
@@ -212,6 +216,8 @@ class PPOTrainer:
         state = ckpt.load_part(path, "trainer_state")
         self.global_step = int(state["global_step"])
         self.job.train_loader.load_state_dict(state["dataloader"])
+        if self.partial is not None and "partial_rollout" in state:  # the carried-over responses, exactly
+            self.partial.load_state_dict(state["partial_rollout"])
         if not any(c.key.startswith("algorithm.kl_ctrl.") for c in changes):  # else it restarts from the new keys
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ckpt.set_rng_state(state["rng"])
@@ -242,6 +248,8 @@ class PPOTrainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": ckpt.rng_state(),
         }
+        if self.partial is not None:
+            parts["trainer_state"]["partial_rollout"] = self.partial.state_dict()
         if self.rank == 0:
             ckpt.save_checkpoint(
                 self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep,
@@ -464,6 +472,12 @@ class PPOTrainer:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
         ``reward`` for the next batch of prompts."""
         job, n = self.job, self.cfg.actor_rollout_ref.rollout.n
+        if self.partial is not None:  # async_training.partial_rollout (rlforge.trainer.partial_rollout)
+            version = max(0, self.global_step - 1 - int(self.cfg.trainer.critic_warmup))  # actor updates so far
+            with self._stage("gen", m):
+                batch = self.partial.collect(version, self._sampling(), m)
+            m.update(job.rollout.metrics())
+            return self._score(batch, m)
         prompts = spmd.shard(job.train_loader.next_batch())
         prompts.non_tensor["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         with self._stage("gen", m):
@@ -474,6 +488,11 @@ class PPOTrainer:
                 greedy = job.rollout.generate(prompts, replace(self._sampling(), do_sample=False))
                 baseline = job.reward.score(greedy).scores
             batch["reward_baselines"] = baseline.repeat_interleave(n)
+        return self._score(batch, m)
+
+    def _score(self, batch: Batch, m: dict[str, float]) -> Batch:
+        """Stage ``reward``: ``token_level_scores`` and the reward's extras and metrics."""
+        job = self.job
         with self._stage("reward", m):
             rw = job.reward.score(batch)
             m.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
