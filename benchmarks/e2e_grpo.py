@@ -255,11 +255,15 @@ HAND_TUNED = ("actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.model
               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768")
 """Issue 39's hand-tuned setting (H200, 2026-12-03): liger, no checkpointing, no reshard, a 32k budget."""
 
-RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand")
+PARTIAL_ROLLOUT = ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.25",
+                   "async_training.max_version_gap=2", "actor_rollout_ref.rollout.calculate_log_probs=true")
+"""Issue 41's partial rollout: a quarter more prompt groups queued, stop at the batch's groups, carry the tail."""
+
+RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand", "rlforge-partial")
 """rlforge rows (``--rlforge-setups``): ``rlforge`` the overrides of :func:`rlforge_overrides` (the
 benchmark's own levers) plus ``--rlforge-extra``; ``rlforge-auto`` as a user runs it: the workload's keys
 only, every lever key left to the tuner (``auto``), no extras; ``rlforge-hand`` the ``rlforge`` row with
-:data:`HAND_TUNED` after it."""
+:data:`HAND_TUNED` after it; ``rlforge-partial`` the ``rlforge`` row with :data:`PARTIAL_ROLLOUT` after it."""
 
 
 def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
@@ -268,7 +272,8 @@ def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
         from rlforge.config.auto_keys import LEVER_KEYS
 
         return [o for o in base if o.partition("=")[0] not in LEVER_KEYS]
-    return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ())]
+    return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ()),
+            *(PARTIAL_ROLLOUT if setup == "rlforge-partial" else ())]
 
 
 def _mean(xs: list[float]) -> float | None:

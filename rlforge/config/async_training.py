@@ -24,6 +24,7 @@ The other keys of verl's section (``trigger_parameter_sync_step``, ``require_bat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +52,10 @@ class AsyncTrainingConfig:
 def extra_groups(cfg: Any) -> int:
     """Prompt groups queued per step beyond ``data.train_batch_size`` (0 without partial rollout)."""
     at = cfg.async_training
+    share = float(at.staleness_threshold)
     if not at.partial_rollout:
         return 0
-    return -(-int(float(at.staleness_threshold) * int(cfg.data.train_batch_size) * 1000) // 1000)
+    return math.ceil(round(share * int(cfg.data.train_batch_size), 9))
 
 
 def check_config(cfg: Any) -> None:

@@ -163,8 +163,12 @@ def test_no_over_provisioning_is_bit_identical_to_the_synchronous_trainer(tmp_pa
 @pytest.mark.e2e
 def test_partial_rollout_run_resumes_its_pool(tmp_path):
     extra = ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.5",
-             "data.max_response_length=16")
-    rows = _run(tmp_path, *extra, "trainer.save_freq=2")
+             "data.max_response_length=16", "trainer.save_freq=2",
+             "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]")
+    rows = _run(tmp_path, *extra, "trainer.total_training_steps=2")
     assert {"fully_async/partial/partial_ratio", "fully_async/staleness/max_version_gap"} <= set(rows[-1])
     state = torch.load(tmp_path / "global_step_2" / "trainer_state.pt", weights_only=False)
-    assert len(state["partial_rollout"]["pool"]) >= 2  # the over-provisioned groups were saved
+    pool = state["partial_rollout"]["pool"]
+    assert len(pool) >= 2  # the over-provisioned groups were saved
+    rows = _run(tmp_path, *extra, "trainer.total_training_steps=4", "trainer.resume_mode=auto")
+    assert [r["step"] for r in rows][-2:] == [3, 4]
