@@ -37,6 +37,14 @@ Workload (the same for both frameworks; flags change it):
   framework is meant to be run;
 - a dummy reward: a uniform random number per response.
 
+Response lengths (``--lengths``): ``fixed`` (the default, as before) lets only a sampled EOS end a response (below);
+``lognormal`` is the long-tail workload: each response's length is drawn from the log-normal of math-reasoning RL
+(``benchmarks/longtail.py``: mean 0.37 x and 5 % of the responses at ``--response-len``, after DeepScaleR's
+8K stage; seeded per prompt x sample, so every setup gets the same lengths) and imposed by the benchmark
+alone through the native engine's test hook ``RLFORGE_TEST_RESPONSE_LENGTHS`` (an EOS forced at the drawn
+length, :mod:`rlforge.rollout.native.forced_eos`); it needs ``--rlforge-rollout native`` and ``--skip-trl``
+(TRL has no such hook here yet).
+
 EOS: nothing stops a response at EOS except sampling it.  A random-weight model samples each
 of the tokenizer's EOS ids with probability about 1/vocab per token, so about 1-2 % of the
 responses end before 1024 tokens, in both frameworks alike; and both generate a batch until its
@@ -145,6 +153,8 @@ class Workload:
     warmup: int = 1
     profile: bool = False
     """One more step after the measured ones, under ``torch.profiler`` (never measured)."""
+    lengths: str = "fixed"
+    """``fixed`` (EOS only where sampled) or ``lognormal`` (the long-tail workload, :func:`length_env`)."""
 
     @property
     def total_steps(self) -> int:
@@ -245,11 +255,15 @@ HAND_TUNED = ("actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.model
               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768")
 """Issue 39's hand-tuned setting (H200, 2026-12-03): liger, no checkpointing, no reshard, a 32k budget."""
 
-RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand")
+PARTIAL_ROLLOUT = ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.25",
+                   "async_training.max_version_gap=2", "actor_rollout_ref.rollout.calculate_log_probs=true")
+"""Issue 41's partial rollout: a quarter more prompt groups queued, stop at the batch's groups, carry the tail."""
+
+RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand", "rlforge-partial")
 """rlforge rows (``--rlforge-setups``): ``rlforge`` the overrides of :func:`rlforge_overrides` (the
 benchmark's own levers) plus ``--rlforge-extra``; ``rlforge-auto`` as a user runs it: the workload's keys
 only, every lever key left to the tuner (``auto``), no extras; ``rlforge-hand`` the ``rlforge`` row with
-:data:`HAND_TUNED` after it."""
+:data:`HAND_TUNED` after it; ``rlforge-partial`` the ``rlforge`` row with :data:`PARTIAL_ROLLOUT` after it."""
 
 
 def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
@@ -258,7 +272,8 @@ def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
         from rlforge.config.auto_keys import LEVER_KEYS
 
         return [o for o in base if o.partition("=")[0] not in LEVER_KEYS]
-    return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ())]
+    return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ()),
+            *(PARTIAL_ROLLOUT if setup == "rlforge-partial" else ())]
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -357,13 +372,23 @@ def mfu_three_ways(run: dict[str, Any], framework: str, config: Any, wl: Workloa
     return out
 
 
+def length_env(wl: Workload) -> dict[str, str]:
+    """The environment that imposes ``wl.lengths`` on an rlforge run: for ``lognormal`` the native engine's
+    test hook pointed at ``benchmarks/longtail.py:response_length`` (lengths up to ``wl.response_len``, seed 0)."""
+    if wl.lengths != "lognormal":
+        return {}
+    hook = Path(__file__).resolve().parent / "longtail.py"
+    return {"RLFORGE_TEST_RESPONSE_LENGTHS": f"{hook}:response_length", "LONGTAIL_MAX_LEN": str(wl.response_len),
+            "LONGTAIL_SEED": "0"}
+
+
 def run_rlforge(model: str, wl: Workload, args: argparse.Namespace, out: Path, data: Path, reward: Path,
                 gpu: str | None = None, weights: Path | None = None, setup: str = "rlforge") -> dict:
     run_dir = out / f"{setup}_{model}"
     base = rlforge_overrides(model, wl, data, reward, run_dir, args.tokenizer, args.rlforge_rollout, weights)
     cmd = [sys.executable, "-m", "rlforge.cli", "train", "--job", "none",
            *setup_overrides(setup, base, args.rlforge_extra)]
-    finished = _run(cmd, out / f"{setup}_{model}.log", args.run_time_limit, gpu)
+    finished = _run(cmd, out / f"{setup}_{model}.log", args.run_time_limit, gpu, length_env(wl))
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     summary = summarize_rlforge(rows, wl)
@@ -518,13 +543,14 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
 
 # ---------------------------------------------------------------------------- output
-def _run(cmd: list[str], log: Path, time_limit: float | None = None, gpu: str | None = None) -> bool:
+def _run(cmd: list[str], log: Path, time_limit: float | None = None, gpu: str | None = None,
+         extra_env: dict[str, str] | None = None) -> bool:
     """Run ``cmd`` with its output in ``log``; True when it finished, False when ``time_limit``
     seconds ran out first (the run is then stopped and summarised from the steps it completed).
 
     ``gpu``: the child's ``CUDA_VISIBLE_DEVICES`` (None: inherited).  Raises RuntimeError when it
     exits with an error."""
-    env = ENV if gpu is None else {**ENV, "CUDA_VISIBLE_DEVICES": gpu}
+    env = {**(ENV if gpu is None else {**ENV, "CUDA_VISIBLE_DEVICES": gpu}), **(extra_env or {})}
     print(f"$ {'' if gpu is None else f'CUDA_VISIBLE_DEVICES={gpu} '}{' '.join(cmd[:6])} ... (log: {log})", flush=True)
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
@@ -752,6 +778,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.token_budget < args.prompt_len + args.response_len:
         p.error(f"--token-budget {args.token_budget} is below one sequence (--prompt-len + --response-len = "
                 f"{args.prompt_len + args.response_len})")
+    if args.lengths == "lognormal" and (not args.skip_trl or args.rlforge_rollout != "native"):
+        p.error("--lengths lognormal imposes lengths through the native engine's test hook: add --skip-trl and keep "
+                "--rlforge-rollout native")
     if len(set(args.models)) != len(args.models):
         p.error(f"--models lists a model twice: {args.models}")
     unknown = [m for m in args.models if m.removeprefix("preset:") not in PRESETS]
@@ -782,6 +811,8 @@ def main() -> int:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--response-len", type=int, default=1024)
+    p.add_argument("--lengths", choices=("fixed", "lognormal"), default="fixed",
+                   help="response lengths: fixed (EOS only where sampled) or lognormal (the long-tail workload)")
     p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward, both frameworks")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     p.add_argument("--rlforge-extra", nargs="*", default=[], help="extra rlforge overrides, key=value")
@@ -819,7 +850,7 @@ def main() -> int:
                           args.trl_variant, Path(args.weights) if args.weights else None)
     wl = Workload(prompts=args.prompts, n=args.n, prompt_len=args.prompt_len, response_len=args.response_len,
                   micro_batch=args.micro_batch, token_budget=args.token_budget, beta=args.beta, steps=args.steps,
-                  warmup=args.warmup, profile=args.profile)
+                  warmup=args.warmup, profile=args.profile, lengths=args.lengths)
     from rlforge.errors import RLForgeError
     from rlforge.models import load_tokenizer
 

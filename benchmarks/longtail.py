@@ -109,3 +109,60 @@ def describe(lengths: np.ndarray) -> str:
     """``mean 500, p50 .., p99 .., max ..`` of a length sample (for benchmark tables)."""
     q = np.percentile(lengths, [50, 99])
     return f"mean {lengths.mean():.0f}, p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {lengths.max()}"
+
+
+# ---------------------------------------------------------------------------- e2e GRPO (--lengths lognormal)
+# Math-reasoning RL response lengths, as fractions of the run's maximum response length.  Source, from
+# memory of the DeepScaleR write-up (Luo et al., "DeepScaleR: Surpassing O1-Preview with a 1.5B Model by
+# Scaling RL", Feb 2025; not re-checked against the page): in its 8K-context stage the mean response length
+# sat near 3,000 tokens of 8,192 (~0.37 of the maximum) and a few percent of the responses (~5 %) ran into
+# the 8K limit.  DAPO (Yu et al., 2025) shows the same shape at a larger scale (mean ~4-5K of ~20K late in
+# training, a tail to the limit).  A lognormal with those two numbers: mean = 0.37 L, P(X > L) = 0.05.
+DEEPSCALER_MEAN_FRACTION = 0.37
+DEEPSCALER_CLIP_FRACTION = 0.05
+Z95 = 1.6448536269514722  # Phi^-1(0.95)
+
+
+def lognormal_from_clip(max_len: int, mean_fraction: float = DEEPSCALER_MEAN_FRACTION,
+                        clip_fraction: float = DEEPSCALER_CLIP_FRACTION) -> tuple[float, float]:
+    """``(mu, sigma)`` of the lognormal whose (unclipped) mean is ``mean_fraction * max_len`` and whose
+    upper ``clip_fraction`` lies above ``max_len``:  ``mean = exp(mu + sigma^2 / 2)``,
+    ``max_len = exp(mu + z sigma)`` with ``z = Phi^-1(1 - clip_fraction)``, so ``sigma`` is the smaller root
+    of ``sigma^2 / 2 - z sigma - ln(mean_fraction) = 0``.  Raises ValueError where no root exists."""
+    if not (0 < mean_fraction < 1 and 0 < clip_fraction < 0.5 and max_len >= 1):
+        raise ValueError(f"need 0 < mean_fraction < 1, 0 < clip_fraction < 0.5, max_len >= 1; got {mean_fraction}, "
+                         f"{clip_fraction}, {max_len}")
+    z = float(-_norm_ppf(np.array([clip_fraction]))[0])
+    disc = z * z + 2 * math.log(mean_fraction)
+    if disc < 0:
+        raise ValueError(f"no lognormal has mean {mean_fraction} x max with {clip_fraction} above the max")
+    sigma = z - math.sqrt(disc)
+    return math.log(max_len) - z * sigma, sigma
+
+
+def prompt_key(prompt_ids: list[int]) -> int:
+    """A stable 32-bit key of a prompt's token ids (the same in every framework and process)."""
+    import zlib
+
+    return zlib.crc32(np.asarray(prompt_ids, dtype=np.int64).tobytes())
+
+
+def drawn_length(prompt_ids: list[int], sample_index: int, max_len: int, seed: int = 0,
+                 mean_fraction: float = DEEPSCALER_MEAN_FRACTION,
+                 clip_fraction: float = DEEPSCALER_CLIP_FRACTION) -> int:
+    """The response length (tokens, EOS included, in ``[1, max_len]``) of sample ``sample_index`` of the
+    prompt ``prompt_ids``: ``round(exp(mu + sigma Z))`` clipped, ``Z`` a standard normal seeded by
+    ``(seed, prompt_key(prompt_ids), sample_index)``, ``(mu, sigma)`` from :func:`lognormal_from_clip`."""
+    mu, sigma = lognormal_from_clip(max_len, mean_fraction, clip_fraction)
+    z = np.random.default_rng([seed, prompt_key(prompt_ids), sample_index]).standard_normal()
+    return int(min(max(round(math.exp(mu + sigma * z)), 1), max_len))
+
+
+def response_length(prompt_ids: list[int], sample_index: int) -> int:
+    """The test hook ``RLFORGE_TEST_RESPONSE_LENGTHS=benchmarks/longtail.py:response_length`` (see
+    :mod:`rlforge.rollout.native.forced_eos`): :func:`drawn_length` with ``max_len`` and ``seed`` from
+    the environment (``LONGTAIL_MAX_LEN``, ``LONGTAIL_SEED``, set by ``e2e_grpo.py --lengths lognormal``)."""
+    import os
+
+    return drawn_length(prompt_ids, sample_index, int(os.environ["LONGTAIL_MAX_LEN"]),
+                        int(os.environ.get("LONGTAIL_SEED", "0")))

@@ -7,6 +7,7 @@ from typing import Any
 
 from rlforge.config.actor import ActorRolloutRefConfig
 from rlforge.config.algorithm import AlgorithmConfig
+from rlforge.config.async_training import AsyncTrainingConfig
 from rlforge.config.critic import CriticConfig
 from rlforge.config.data import DataConfig
 from rlforge.config.profiler import GlobalProfilerConfig
@@ -42,6 +43,8 @@ class RLForgeConfig:
     """Advantage estimator and KL control."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run loop, logging, checkpoints."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Partial rollout: over-provisioned prompts, early stop, carried-over responses (verl's section)."""
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
     """verl's profiler block (:mod:`rlforge.config.profiler`): ``tool=torch`` with ``steps`` records those steps with torch.profiler
     (into ``save_path`` where set); every other setting warns (:mod:`rlforge.perf.verl_profiler`)."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlforge.config import registry_names as names
+from rlforge.config.async_training import check_config as check_async_training
 from rlforge.config.backends import check_backends
 from rlforge.config.common import get_key
 from rlforge.config.later_work import later_work_warnings
@@ -114,6 +115,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_policy_loss(cfg)
     _check_estimator_inputs(cfg)
     _check_rollout_correction(cfg)
+    check_async_training(cfg)  # partial rollout (rlforge.config.async_training)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
     check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*

@@ -74,6 +74,7 @@ from rlforge.trainer.metrics import (
 )
 from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
+from rlforge.trainer.partial_rollout import PartialRollout
 from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
 from rlforge.trainer.reward_components import gdpo_metrics, reward_components
 from rlforge.trainer.run_folder import check_run_folder, interrupted_message, record_config
@@ -156,6 +157,9 @@ class PPOTrainer:
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
         self.shards = StepSharding(batch_layout(cfg, self.world_size), self.rank)  # rlforge.config.sharding
         self.skip_old_log_prob = skips_old_log_prob(cfg)  # see rlforge.trainer.on_policy
+        # async_training.partial_rollout: a pool of prompt groups carried between steps (None when off)
+        self.partial = PartialRollout.from_config(cfg, self.job.rollout, self.job.train_loader, self.world_size,
+                                                  self.adv_fn)
         self.global_step = 0
         # rank 0's folder (a run-<id> sub-folder: on_existing_run=append, or resume_mode=disable); recorded in config.yaml
         self.out_dir = self._rank0(str(self.lock.folder) if self.lock is not None else cfg.trainer.default_local_dir)
@@ -216,6 +220,8 @@ class PPOTrainer:
         state = ckpt.load_part(path, "trainer_state")
         self.global_step = int(state["global_step"])
         self.job.train_loader.load_state_dict(state["dataloader"])
+        if self.partial is not None and "partial_rollout" in state:  # the carried-over responses, exactly
+            self.partial.load_state_dict(state["partial_rollout"])
         if not any(c.key.startswith("algorithm.kl_ctrl.") for c in changes):  # else it restarts from the new keys
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ckpt.set_rng_state(state["rng"])
@@ -246,6 +252,8 @@ class PPOTrainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": ckpt.rng_state(),
         }
+        if self.partial is not None:
+            parts["trainer_state"]["partial_rollout"] = self.partial.state_dict()
         if self.rank == 0:
             ckpt.save_checkpoint(
                 self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep,
@@ -479,8 +487,17 @@ class PPOTrainer:
         """Stages ``gen`` (+ ``gen_max`` for estimators that need a greedy baseline) and
         ``reward`` for this rank's share of the next batch of prompts (:mod:`rlforge.trainer.sample_shards`).
         A rank that holds no sample this step runs them on a stand-in sample, reports nothing of
-        it but the stages' times, and returns an empty batch."""
+        it but the stages' times, and returns an empty batch.  With ``async_training.partial_rollout``
+        (one process) the batch is the first groups to finish (:mod:`rlforge.trainer.partial_rollout`)."""
         job = self.job
+        if self.partial is not None:
+            version = max(0, self.global_step - 1 - int(self.cfg.trainer.critic_warmup))  # actor updates so far
+            with self._stage("gen", m):
+                batch = self.partial.collect(version, self._sampling(), m)
+            m.update(job.rollout.metrics())
+            batch = self._score(batch, m, m)
+            batch.meta.update(self.shards.meta())
+            return batch
         share = self.shards.take(job.train_loader.next_batch())
         own: dict[str, float] = {} if share.empty else m  # the stand-in's rollout and reward metrics: dropped
         with self._stage("gen", m):
@@ -491,6 +508,14 @@ class PPOTrainer:
                 greedy = job.rollout.generate(share.prompts, replace(self._sampling(), do_sample=False))
                 baseline = job.reward.score(greedy).scores
             batch["reward_baselines"] = baseline[torch.as_tensor(share.prompt_of_sample)]
+        batch = self._score(batch, m, own)
+        batch.meta.update(self.shards.meta())
+        return batch.select(np.zeros(0, dtype=np.int64)) if share.empty else batch
+
+    def _score(self, batch: Batch, m: dict[str, float], own: dict[str, float]) -> Batch:
+        """Stage ``reward`` (timed into ``m``): ``token_level_scores`` and the reward's extras; its metrics
+        into ``own`` (``m``, or a dict that is dropped for a stand-in sample)."""
+        job = self.job
         with self._stage("reward", m):
             rw = job.reward.score(batch)
             own.update(reward_metrics(job.reward))  # reward model / judge (rlforge.rewards.model_reward)
@@ -499,8 +524,7 @@ class PPOTrainer:
                 own[k] = own.get(k, 0.0) + v
             for k, v in rw.extra.items():
                 batch.non_tensor[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
-        batch.meta.update(self.shards.meta())
-        return batch.select(np.zeros(0, dtype=np.int64)) if share.empty else batch
+        return batch
 
     def _collect(self, m: dict[str, float]) -> Batch:
         """Generate and score ``data.train_batch_size`` prompt groups; with DAPO dynamic

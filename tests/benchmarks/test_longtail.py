@@ -60,3 +60,36 @@ def test_seeded_and_shuffled() -> None:
 def test_impossible_distributions_refused(kw: dict) -> None:
     with pytest.raises(ValueError):
         longtail.LongTail(**kw)
+
+
+# ---------------------------------------------------------------------------- e2e_grpo --lengths lognormal
+def test_lognormal_from_clip_meets_its_two_numbers():
+    mu, sigma = longtail.lognormal_from_clip(1024)
+    assert math.exp(mu + sigma ** 2 / 2) == pytest.approx(0.37 * 1024, rel=1e-6)  # the unclipped mean
+    z95 = 1.6448536269514722
+    assert math.exp(mu + z95 * sigma) == pytest.approx(1024, rel=1e-6)  # 5 % above the maximum
+    with pytest.raises(ValueError):
+        longtail.lognormal_from_clip(1024, mean_fraction=0.001, clip_fraction=0.45)
+
+
+def test_drawn_lengths_are_seeded_per_prompt_and_sample():
+    a = longtail.drawn_length([5, 6, 7], 3, 1024, seed=0)
+    assert a == longtail.drawn_length([5, 6, 7], 3, 1024, seed=0)  # the same in every process
+    draws = {longtail.drawn_length([5, 6, 7], j, 1024, seed=0) for j in range(16)}
+    assert len(draws) > 8  # samples of one prompt differ
+    assert longtail.drawn_length([5, 6, 7], 3, 1024, seed=1) != a or longtail.drawn_length([5, 6, 8], 3, 1024) != a
+
+
+def test_drawn_length_quantiles_follow_the_lognormal():
+    mu, sigma = longtail.lognormal_from_clip(1024)
+    x = np.array([longtail.drawn_length([i, i + 1], j, 1024) for i in range(1000) for j in range(8)])
+    assert x.min() >= 1 and x.max() == 1024
+    assert (x == 1024).mean() == pytest.approx(0.05, abs=0.01)  # the clipped share
+    for q, z in ((0.5, 0.0), (0.25, -0.6744897501960817), (0.9, 1.2815515655446004)):
+        assert np.quantile(x, q) == pytest.approx(math.exp(mu + z * sigma), rel=0.05)
+
+
+def test_response_length_hook_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("LONGTAIL_MAX_LEN", "64")
+    monkeypatch.setenv("LONGTAIL_SEED", "2")
+    assert longtail.response_length([1, 2], 0) == longtail.drawn_length([1, 2], 0, 64, seed=2)

@@ -38,6 +38,7 @@ from rlforge.progress import progress_bar
 from rlforge.rollout.base import ROLLOUTS, Rollout, SamplingParams, assemble
 from rlforge.rollout.native.block_manager import BlockManager, BlockManagerStats
 from rlforge.rollout.native.cuda_graph import DecodeGraphs, capture_sizes, weights_key
+from rlforge.rollout.native.forced_eos import force_eos, length_hook, sample_indices
 from rlforge.rollout.native.kv_cache import KVCache
 from rlforge.rollout.native.model_runner import (
     DecodeInputs,
@@ -49,6 +50,7 @@ from rlforge.rollout.native.model_runner import (
     unsupported_reason,
 )
 from rlforge.rollout.native.overlap import Burst, Mixed, Steps, device_index, pending_rows
+from rlforge.rollout.native.resume import Resume, StopHooks, resume_sequences, strip_unread
 from rlforge.rollout.native.rollout_weights import RolloutWeights
 from rlforge.rollout.native.sampler import sample_with_log_probs
 from rlforge.rollout.native.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -84,6 +86,10 @@ class LoopHooks:
 
     def postprocess(self, steps: Steps) -> None:
         """Called after each step (or :meth:`wait`): act on the sequences that stopped."""
+
+    def stop(self, steps: Steps) -> bool:
+        """True ends the call now, with sequences unfinished (partial rollout's stopping rule)."""
+        return False
 
     def close(self) -> None:
         """Called after the loop, also when it raised."""
@@ -195,6 +201,8 @@ class NativeRollout(Rollout):
         self.last_stats: BlockManagerStats | None = None
         self.last_num_preemptions = 0
         self._last_metrics: dict[str, float] = {}
+        self._forced_lengths: list[int | None] = []  # the benchmark hook's lengths (.forced_eos), per row
+        self.last_sequences: list[Sequence] = []  # of the last generate call, row i first (partial rollout)
         self._cache: KVCache | None = None
         self._runner: ModelRunner | None = None
         self._graphs: DecodeGraphs | None = None
@@ -323,7 +331,24 @@ class NativeRollout(Rollout):
         # left-padded (checked above): row i's tokens are its last `len_i` columns; one numpy copy, not a
         # masked copy per row (1,024 x 256 prompts: 38 -> ~5 ms of host time)
         ids_np, starts = ids.cpu().numpy(), (ids.shape[1] - mask.sum(1)).tolist()
-        return [Sequence(i, ids_np[i, st:].tolist(), params.max_new_tokens) for i, st in enumerate(starts)]
+        seqs = [Sequence(i, ids_np[i, st:].tolist(), params.max_new_tokens) for i, st in enumerate(starts)]
+        self._forced_lengths = self._imposed_lengths(prompts, seqs)
+        return seqs
+
+    def _imposed_lengths(self, prompts: Batch, seqs: list[Sequence]) -> list[int | None]:
+        """The benchmark test hook's response lengths (:mod:`.forced_eos`), each row's ``stop_len``
+        lowered to its own; all None when the hook is unset."""
+        fn = length_hook()
+        if fn is None:
+            return [None] * len(seqs)
+        given = prompts.non_tensor.get("sample_index")
+        idx = sample_indices([s.prompt_ids for s in seqs], None if given is None else list(given))
+        out: list[int | None] = []
+        for s, i in zip(seqs, idx, strict=True):
+            length = max(1, min(int(fn(s.prompt_ids, i)), s.max_new_tokens))
+            s.stop_len = length
+            out.append(length)
+        return out
 
     def _eos(self) -> frozenset[int]:
         """The token ids that end a response (none with ``ignore_eos``)."""
@@ -342,17 +367,22 @@ class NativeRollout(Rollout):
         return self.max_decode_burst
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, params: SamplingParams, resume: Resume | None = None) -> Batch:
         """See :class:`~rlforge.rollout.base.Rollout`; the loop is ``schedule -> run -> postprocess``
-        (module docstring).  Raises ValueError for bad prompts (see :meth:`_check_prompts`),
-        RLForgeError when the KV cache cannot be allocated or a sampled logit is not finite."""
+        (module docstring).  ``resume`` (partial rollout, :mod:`.resume`): each row continues from the
+        tokens it already holds (re-prefilled) and the call ends as soon as ``resume.stop`` says so,
+        its unfinished rows kept in :attr:`last_sequences`.  Raises ValueError for bad prompts (see
+        :meth:`_check_prompts`), RLForgeError when the KV cache cannot be allocated or a sampled logit
+        is not finite."""
         own, offset = prompts, 0
         if self.tp is not None:  # the group generates the union of its ranks' prompts, sampled alike
             prompts, offset = gather_prompts(prompts, self.tp)
             if self.seed is None:
                 self.generator = torch.Generator(self.device).manual_seed(group_seed(self.tp))
         seqs = self._sequences(prompts, params)
-        hooks = self._hooks(prompts)
+        hooks = self._hooks(prompts) if resume is None else StopHooks(resume.stop, seqs)
+        if resume is not None:
+            resume_sequences(seqs, resume)
         spec = self._spec()
         m: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -369,7 +399,7 @@ class NativeRollout(Rollout):
             steps = Steps(self, sched, runner, params, self._max_burst(), bar.update)
             t1 = time.perf_counter()
             try:
-                while sched.has_unfinished or hooks.busy(steps):
+                while (sched.has_unfinished or hooks.busy(steps)) and not hooks.stop(steps):
                     if hooks.pause(steps):  # no step to launch now: read what is in flight, or wait for a tool
                         hooks.wait(steps)
                     else:
@@ -387,10 +417,22 @@ class NativeRollout(Rollout):
             self._sleep()
         m["rollout/sleep_s"] = time.perf_counter() - t2
         self.last_stats, self.last_num_preemptions = sched.block_manager.stats, sched.num_preemptions
+        self._finish_outputs(seqs)
         if self.tp is not None:
             check_same_outputs([s.output_ids for s in seqs], self.tp)
             return self._result(own, seqs[offset:offset + len(own)], sched, hooks, m)
         return self._result(prompts, seqs, sched, hooks, m)
+
+    def _finish_outputs(self, seqs: list[Sequence]) -> None:
+        """Drop tokens launched but never read (an early stop: they were not sampled for good), apply the
+        benchmark's length hook (:mod:`.forced_eos`) and keep ``seqs`` as :attr:`last_sequences`."""
+        strip_unread(seqs)
+        if self.eos_ids and any(n is not None for n in self._forced_lengths):
+            eos = self._eos()
+            for s, length in zip(seqs, self._forced_lengths, strict=True):
+                if s.is_finished:
+                    force_eos(s.output_ids, length, self.eos_ids[0], eos)
+        self.last_sequences = seqs
 
     def _result(self, prompts: Batch, seqs: list[Sequence], sched: Scheduler, hooks: LoopHooks,
                 m: dict[str, float]) -> Batch:
