@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlforge.config.root import uses_critic
+from rlforge.config.validate import uses_ref
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -87,3 +90,22 @@ def users_rollout_tp(cfg: Any, world: int) -> int:
 
     t = rollout_tp_size(cfg, world)
     return t if world % t == 0 else 1
+
+
+def workload_of(cfg: Any, layout: Layout | None = None) -> Workload:
+    """The step of ``cfg`` on one rank of ``layout`` (default: the config's own)."""
+    from rlforge.trainer.on_policy import skips_old_log_prob
+
+    lay = layout or layout_of(cfg)
+    arr = cfg.actor_rollout_ref
+    n = int(arr.rollout.n)
+    mtype = str(arr.actor.fsdp_config.model_dtype).lower()
+    return Workload(
+        rows=max(1, int(cfg.data.train_batch_size) * n // lay.dp),
+        mini_rows=max(1, int(arr.actor.ppo_mini_batch_size) * n // lay.dp),
+        prompt_len=int(cfg.data.max_prompt_length), response_len=int(cfg.data.max_response_length),
+        old_log_prob=not skips_old_log_prob(cfg), ref=uses_ref(cfg), critic=uses_critic(cfg),
+        reward_model=bool(cfg.reward_model.enable), lora_rank=int(arr.model.lora_rank),
+        master_bytes=2 if mtype in ("bf16", "bfloat16", "fp16", "float16") else 4,
+        chunk_size=int(arr.model.fused_kernel_options.chunk_size), layout=lay, strategy=str(arr.actor.strategy),
+    )
