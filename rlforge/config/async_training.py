@@ -81,7 +81,7 @@ def check_config(cfg: Any) -> None:
     if arr.rollout.name == "hf":
         raise ConfigError(f"{key}.partial_rollout=true needs actor_rollout_ref.rollout.name=native (got "
                           f"{arr.rollout.name}): only the native engine continues a stopped response")
-    if (arr.rollout.multi_turn or {}).get("enable"):
+    if arr.rollout.multi_turn.enable:
         raise ConfigError(f"{key}.partial_rollout=true does not run with actor_rollout_ref.rollout.multi_turn.enable")
     if cfg.algorithm.filter_groups.enable:
         raise ConfigError(f"{key}.partial_rollout=true does not run with algorithm.filter_groups.enable (dynamic "

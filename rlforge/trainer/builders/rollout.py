@@ -98,7 +98,7 @@ def check_tp_rollout(cfg: Any, rollout: Rollout) -> None:
     if not rollout.collective:
         return
     tp = f"actor_rollout_ref.rollout.tensor_model_parallel_size={cfg.actor_rollout_ref.rollout.tensor_model_parallel_size}"
-    if dict(cfg.actor_rollout_ref.rollout.multi_turn or {}).get("enable", False):
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.enable=true runs with {tp} only at size 1 in this "
                           "build; set actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     if cfg.algorithm.filter_groups.enable:
