@@ -102,6 +102,18 @@ actor_rollout_ref.rollout.tensor_model_parallel_size=1"
     echo "probe7 rc=$?: $((SECONDS - t)) s (the whole command: device benchmark, model build, probe)"; } > "$OUT/probe7.txt" 2>&1
   grep -h "probed .* candidates in\|built the job\|<- chosen\|warning" "$OUT/probe7.txt" > "$OUT/probe7_time.txt"
 }
+step_rolltp1() {  # issue 40: the rollout at TP=1 through the tensor-parallel code against the tree before it
+  # (.oldtree: `git archive 68f84b0 rlforge benchmarks`, carried); interleaved, 0.5B random x1024, warm engine
+  local t r
+  for r in 1 2; do for t in old new; do
+    local root=$REPO; [ $t = old ] && root=$REPO/.oldtree
+    echo "== $t rep $r" >> "$OUT/rolltp1.txt"
+    PYTHONPATH=/tmp/site:$root timeout -k 5 ${ROLLTP1_LIMIT:-200} python3 $root/benchmarks/rollout_throughput.py \
+      --models qwen2.5-0.5b --workloads random --skip-grpo --hf-models --variants triton-graph-warm --native-reps 3 \
+      --max-num-batched-tokens 32768 --json /tmp/rolltp1_${t}_$r.json >> "$OUT/rolltp1.txt" 2>&1
+  done; done
+  cp /tmp/rolltp1_*.json "$OUT"/ 2>/dev/null
+}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-cuda auto05 mem plan}; do
   t0=$SECONDS; "step_$s"; echo "step $s: rc=$? $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
