@@ -63,6 +63,13 @@ class SFTDataConfig:
     """Form micro-batches by token budget (``max_token_len_per_gpu``) instead of ``micro_batch_size_per_gpu``."""
     max_token_len_per_gpu: int = 8192
     """Token budget of one micro-batch with ``use_dynamic_bsz``; >= ``max_length``."""
+    tools_key: str = "tools"
+    """Column of a row's tool schemas (a list of objects, or its JSON text), passed as ``tools=`` to the chat
+    template for that row; a missing column or null value = no tools.  Alias ``multiturn.tools_key``."""
+    enable_thinking_key: str = "enable_thinking"
+    """Column of a row's ``enable_thinking`` (true/false), passed to the chat template for that row over
+    ``apply_chat_template_kwargs``; a missing column or null value = the config's.  Alias
+    ``multiturn.enable_thinking_key``."""
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keywords for ``tokenizer.apply_chat_template`` (e.g. ``{enable_thinking: false}``)."""
     builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)

@@ -20,6 +20,8 @@ from rlforge.config.verl_keys import KeyTable
 
 SFT_ALIASES: dict[str, str] = {
     "data.multiturn.messages_key": "data.messages_key",
+    "data.multiturn.tools_key": "data.tools_key",
+    "data.multiturn.enable_thinking_key": "data.enable_thinking_key",
     "use_remove_padding": "model.use_remove_padding",
     "engine.strategy": "model.strategy",
     "engine.dtype": "engine.mixed_precision.param_dtype",
@@ -62,10 +64,6 @@ SFT_VERL_ONLY: dict[str, Any] = {
     "data.prompt_dict_keys": None,
     "data.response_dict_keys": None,
     "data.multiturn.enable": False,
-    "data.multiturn.tools_key": "tools",
-    "data.multiturn.enable_thinking_key": "enable_thinking",
-    "data.tools_key": "tools",
-    "data.enable_thinking_key": "enable_thinking",
     "data.pad_mode": "no_padding",
     "data.balance_dp_token": False,
     "data.chat_template": None,
@@ -134,10 +132,6 @@ SFT_REASONS: tuple[tuple[str, str], ...] = (
      "looked into); give flat columns or multi-turn rows (data.messages_key)"),
     ("data.multiturn.enable", "a row is multi-turn when it has data.messages_key, single-turn otherwise; "
      "no switch is needed"),
-    ("*tools_key", "a row's tool list is not passed to the chat template; tool calls inside the messages are "
-     "rendered as the template renders them"),
-    ("*enable_thinking_key", "a per-row switch is not read; data.apply_chat_template_kwargs.enable_thinking "
-     "sets it for every row"),
     ("data.pad_mode", "the padding-free forward is model.use_remove_padding (true packs the micro-batch, false "
      "pads it on the right)"),
     ("data.balance_dp_token", "each rank gets data.train_batch_size / ranks samples; the loss is normalized by "
