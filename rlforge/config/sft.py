@@ -26,6 +26,7 @@ from rlforge.config.sft_engine_check import check_sft_engine
 from rlforge.errors import ConfigError, RLForgeWarning
 
 TRUNCATION = ("error", "left", "right")
+RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp2", "fsdp")
 SCHEDULES = ("constant", "cosine")
 
@@ -161,6 +162,13 @@ class SFTTrainerConfig:
     """Seed of the data order, of a preset's weights and of a LoRA adapter's initialisation."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cuda`` or ``cpu``."""
+    resume_mode: str = "auto"
+    """``auto``: resume from ``resume_from_path`` when set, else from the latest checkpoint in
+    ``default_local_dir`` if any | ``disable``: start from ``model.path`` | ``resume_path``: resume from
+    ``resume_from_path``.  A resume restores the model (or adapter), optimizer, schedule, RNG and the
+    data position, so the steps after it are those of an uninterrupted run (verl's SFT trainer)."""
+    resume_from_path: str | None = None
+    """A ``global_step_N`` checkpoint folder to resume from (``resume_mode`` ``resume_path`` or ``auto``)."""
 
 
 @dataclass
@@ -225,6 +233,9 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
     _check_choice("data.truncation", d.truncation, TRUNCATION)
     _check_choice("model.strategy", m.strategy, STRATEGIES)
     _check_choice("optim.lr_scheduler_type", o.lr_scheduler_type, SCHEDULES)
+    _check_choice("trainer.resume_mode", t.resume_mode, RESUME_MODES)
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N folder>")
     for key, value in (("data.max_length", d.max_length), ("data.train_batch_size", d.train_batch_size),
                        ("data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu), ("optim.lr", o.lr),
                        ("data.max_token_len_per_gpu", d.max_token_len_per_gpu)):

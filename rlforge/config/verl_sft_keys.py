@@ -103,8 +103,6 @@ SFT_VERL_ONLY: dict[str, Any] = {
     "trainer.default_hdfs_dir": None,
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 1,
-    "trainer.resume_mode": "auto",
-    "trainer.resume_from_path": None,
     "trainer.profile_interval": [-1, -1],
     **_PROFILER,
 }
@@ -115,8 +113,8 @@ the older one's is 8)."""
 _ONE_GPU_GROUP = "the ranks are the launcher's (torchrun --nnodes/--nproc_per_node, or one process)"
 _NO_SP = ("Ulysses sequence parallelism is not available in the SFT trainer (each rank holds whole samples; "
           "data.max_token_len_per_gpu bounds a micro-batch)")
-_CKPT = ("each global_step_N/ holds the model (or the LoRA adapter), the optimizer and the schedule, and "
-         "huggingface/ (the model for rlforge train); runs start from model.path")
+_CKPT = ("each global_step_N/ holds the model (or the LoRA adapter), the optimizer and the schedule, the RNG and "
+         "the step, and huggingface/ (the model for rlforge train); a resume loads all of them")
 
 SFT_REASONS: tuple[tuple[str, str], ...] = (
     ("engine", "verl's engine group: rlforge's SFT trainer runs FSDP (model.strategy fsdp2 or fsdp); the engine.* "
@@ -171,7 +169,6 @@ SFT_REASONS: tuple[tuple[str, str], ...] = (
     ("trainer.default_hdfs_dir", "checkpoints are written to trainer.default_local_dir only"),
     ("trainer.nnodes", _ONE_GPU_GROUP),
     ("trainer.n_gpus_per_node", _ONE_GPU_GROUP),
-    ("trainer.resume_*", "the SFT trainer starts from model.path (resume is not implemented); " + _CKPT),
 )
 """``(fnmatch pattern, reason)``: the first pattern that matches an SFT verl-only key gives its warning."""
 
