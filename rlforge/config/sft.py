@@ -26,6 +26,7 @@ from rlforge.config.sft_engine_check import check_sft_engine
 from rlforge.errors import ConfigError, RLForgeWarning
 
 TRUNCATION = ("error", "left", "right")
+RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp2", "fsdp")
 SCHEDULES = ("constant", "cosine")
 
@@ -63,6 +64,13 @@ class SFTDataConfig:
     """Form micro-batches by token budget (``max_token_len_per_gpu``) instead of ``micro_batch_size_per_gpu``."""
     max_token_len_per_gpu: int = 8192
     """Token budget of one micro-batch with ``use_dynamic_bsz``; >= ``max_length``."""
+    tools_key: str = "tools"
+    """Column of a row's tool schemas (a list of objects, or its JSON text), passed as ``tools=`` to the chat
+    template for that row; a missing column or null value = no tools.  Alias ``multiturn.tools_key``."""
+    enable_thinking_key: str = "enable_thinking"
+    """Column of a row's ``enable_thinking`` (true/false), passed to the chat template for that row over
+    ``apply_chat_template_kwargs``; a missing column or null value = the config's.  Alias
+    ``multiturn.enable_thinking_key``."""
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keywords for ``tokenizer.apply_chat_template`` (e.g. ``{enable_thinking: false}``)."""
     builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)
@@ -154,6 +162,13 @@ class SFTTrainerConfig:
     """Seed of the data order, of a preset's weights and of a LoRA adapter's initialisation."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cuda`` or ``cpu``."""
+    resume_mode: str = "auto"
+    """``auto``: resume from ``resume_from_path`` when set, else from the latest checkpoint in
+    ``default_local_dir`` if any | ``disable``: start from ``model.path`` | ``resume_path``: resume from
+    ``resume_from_path``.  A resume restores the model (or adapter), optimizer, schedule, RNG and the
+    data position, so the steps after it are those of an uninterrupted run (verl's SFT trainer)."""
+    resume_from_path: str | None = None
+    """A ``global_step_N`` checkpoint folder to resume from (``resume_mode`` ``resume_path`` or ``auto``)."""
 
 
 @dataclass
@@ -218,6 +233,9 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
     _check_choice("data.truncation", d.truncation, TRUNCATION)
     _check_choice("model.strategy", m.strategy, STRATEGIES)
     _check_choice("optim.lr_scheduler_type", o.lr_scheduler_type, SCHEDULES)
+    _check_choice("trainer.resume_mode", t.resume_mode, RESUME_MODES)
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N folder>")
     for key, value in (("data.max_length", d.max_length), ("data.train_batch_size", d.train_batch_size),
                        ("data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu), ("optim.lr", o.lr),
                        ("data.max_token_len_per_gpu", d.max_token_len_per_gpu)):

@@ -20,6 +20,8 @@ from rlforge.config.verl_keys import KeyTable
 
 SFT_ALIASES: dict[str, str] = {
     "data.multiturn.messages_key": "data.messages_key",
+    "data.multiturn.tools_key": "data.tools_key",
+    "data.multiturn.enable_thinking_key": "data.enable_thinking_key",
     "use_remove_padding": "model.use_remove_padding",
     "engine.strategy": "model.strategy",
     "engine.dtype": "engine.mixed_precision.param_dtype",
@@ -62,10 +64,6 @@ SFT_VERL_ONLY: dict[str, Any] = {
     "data.prompt_dict_keys": None,
     "data.response_dict_keys": None,
     "data.multiturn.enable": False,
-    "data.multiturn.tools_key": "tools",
-    "data.multiturn.enable_thinking_key": "enable_thinking",
-    "data.tools_key": "tools",
-    "data.enable_thinking_key": "enable_thinking",
     "data.pad_mode": "no_padding",
     "data.balance_dp_token": False,
     "data.chat_template": None,
@@ -105,8 +103,6 @@ SFT_VERL_ONLY: dict[str, Any] = {
     "trainer.default_hdfs_dir": None,
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 1,
-    "trainer.resume_mode": "auto",
-    "trainer.resume_from_path": None,
     "trainer.profile_interval": [-1, -1],
     **_PROFILER,
 }
@@ -117,8 +113,8 @@ the older one's is 8)."""
 _ONE_GPU_GROUP = "the ranks are the launcher's (torchrun --nnodes/--nproc_per_node, or one process)"
 _NO_SP = ("Ulysses sequence parallelism is not available in the SFT trainer (each rank holds whole samples; "
           "data.max_token_len_per_gpu bounds a micro-batch)")
-_CKPT = ("each global_step_N/ holds the model (or the LoRA adapter), the optimizer and the schedule, and "
-         "huggingface/ (the model for rlforge train); runs start from model.path")
+_CKPT = ("each global_step_N/ holds the model (or the LoRA adapter), the optimizer and the schedule, the RNG and "
+         "the step, and huggingface/ (the model for rlforge train); a resume loads all of them")
 
 SFT_REASONS: tuple[tuple[str, str], ...] = (
     ("engine", "verl's engine group: rlforge's SFT trainer runs FSDP (model.strategy fsdp2 or fsdp); the engine.* "
@@ -134,10 +130,6 @@ SFT_REASONS: tuple[tuple[str, str], ...] = (
      "looked into); give flat columns or multi-turn rows (data.messages_key)"),
     ("data.multiturn.enable", "a row is multi-turn when it has data.messages_key, single-turn otherwise; "
      "no switch is needed"),
-    ("*tools_key", "a row's tool list is not passed to the chat template; tool calls inside the messages are "
-     "rendered as the template renders them"),
-    ("*enable_thinking_key", "a per-row switch is not read; data.apply_chat_template_kwargs.enable_thinking "
-     "sets it for every row"),
     ("data.pad_mode", "the padding-free forward is model.use_remove_padding (true packs the micro-batch, false "
      "pads it on the right)"),
     ("data.balance_dp_token", "each rank gets data.train_batch_size / ranks samples; the loss is normalized by "
@@ -177,7 +169,6 @@ SFT_REASONS: tuple[tuple[str, str], ...] = (
     ("trainer.default_hdfs_dir", "checkpoints are written to trainer.default_local_dir only"),
     ("trainer.nnodes", _ONE_GPU_GROUP),
     ("trainer.n_gpus_per_node", _ONE_GPU_GROUP),
-    ("trainer.resume_*", "the SFT trainer starts from model.path (resume is not implemented); " + _CKPT),
 )
 """``(fnmatch pattern, reason)``: the first pattern that matches an SFT verl-only key gives its warning."""
 

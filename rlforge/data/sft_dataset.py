@@ -11,10 +11,18 @@ text, e.g. ``<|im_end|>\\n``), 0 on system/user turns and on each assistant turn
 ``messages[:i]`` rendered with the generation prompt and ``messages[:i + 1]`` rendered without one
 bound its tokens.  A template whose renders are not prefixes of the whole chat's (one that rewrites
 earlier turns) is refused, naming the row.
+
+Per-row template inputs (verl's ``MultiTurnSFTDataset``): a row's ``data.tools_key`` column (a list of tool
+schemas, or its JSON text) is passed as ``tools=`` to every render of that row's chat, and its
+``data.enable_thinking_key`` column (true/false) sets ``enable_thinking`` for that row over
+``data.apply_chat_template_kwargs``.  A missing column, or a null value, leaves the config's settings.
+The loss mask stays on the assistant turns: the tool list is rendered in the system/first turn, outside them.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -37,10 +45,21 @@ class SFTSample:
     loss_mask: list[int]
 
 
+@dataclass(frozen=True)
+class SFTChat:
+    """One row's chat and its per-row template inputs (see the module docstring)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    """The row's tool schemas, passed as ``tools=`` to the chat template; None = none."""
+    enable_thinking: bool | None = None
+    """The row's ``enable_thinking``; None = ``data.apply_chat_template_kwargs``'s (or the template's default)."""
+
+
 def _render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool,
-            template_kwargs: Mapping[str, Any]) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
-                                        **dict(template_kwargs))
+            template_kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+                                        tokenize=True, **dict(template_kwargs))
     if isinstance(out, Mapping) or hasattr(out, "keys"):
         out = out["input_ids"]
     if isinstance(out, torch.Tensor | np.ndarray):
@@ -51,8 +70,10 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: b
 
 
 def tokenize_chat(tokenizer: Any, messages: list[dict[str, Any]], origin: str,
-                  template_kwargs: Mapping[str, Any] | None = None) -> SFTSample:
-    """``messages`` rendered by ``tokenizer``'s chat template with the loss mask of the module docstring.
+                  template_kwargs: Mapping[str, Any] | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> SFTSample:
+    """``messages`` rendered by ``tokenizer``'s chat template with the loss mask of the module docstring;
+    ``template_kwargs`` and ``tools`` go to every render.
 
     Raises:
         DataError: no chat template, or a template that rewrites earlier turns (naming ``origin``).
@@ -60,13 +81,13 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, Any]], origin: str,
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{origin}: the tokenizer has no chat template; set model.tokenizer_path to one that has")
     kw = dict(template_kwargs or {})
-    ids = _render(tokenizer, messages, False, kw)
+    ids = _render(tokenizer, messages, False, kw, tools)
     mask = [0] * len(ids)
     for i, msg in enumerate(messages):
         if msg.get("role") != "assistant":
             continue
-        start = _render(tokenizer, messages[:i], True, kw) if i else []
-        end = _render(tokenizer, messages[: i + 1], False, kw)
+        start = _render(tokenizer, messages[:i], True, kw, tools) if i else []
+        end = _render(tokenizer, messages[: i + 1], False, kw, tools)
         if ids[: len(end)] != end or end[: len(start)] != start:
             raise DataError(f"{origin}: the chat template renders message {i} differently inside the whole chat "
                             "(it rewrites earlier turns), so the assistant tokens cannot be located")
@@ -106,13 +127,74 @@ def _builtin_chat(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"messages": [*[dict(m) for m in row["prompt"]], {"role": "assistant", "content": answer}]}
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy arrays (nested ones too) turned into lists."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def row_tools(row: Mapping[str, Any], key: str, origin: str) -> list[dict[str, Any]] | None:
+    """The row's tool schemas (column ``key``, ``data.tools_key``): a list of objects, or its JSON text;
+    None when the column is missing, null or an empty list.
+
+    Raises:
+        DataError: text that is not valid JSON, or a value that is not a list of objects (naming ``origin``).
+    """
+    value = _plain(row.get(key))
+    if _is_null(value):
+        return None
+    where = f"{origin}: column {key!r} (data.tools_key)"
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where} is not valid JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(value, list) or not all(isinstance(t, Mapping) for t in value):
+        got = type(value).__name__ if not isinstance(value, list) else "a list with a non-object item"
+        raise DataError(f"{where} must be a list of tool schemas (objects) or its JSON text, got {got}")
+    return [dict(t) for t in value] or None
+
+
+def row_enable_thinking(row: Mapping[str, Any], key: str, origin: str) -> bool | None:
+    """The row's ``enable_thinking`` (column ``key``, ``data.enable_thinking_key``); None when the
+    column is missing or null.
+
+    Raises:
+        DataError: a value other than true/false (naming ``origin``).
+    """
+    value = row.get(key)
+    if _is_null(value):
+        return None
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise DataError(f"{origin}: column {key!r} (data.enable_thinking_key) must be true, false or null, "
+                    f"got {value!r} ({type(value).__name__})")
+
+
+def row_chat(row: Mapping[str, Any], data_cfg: Any, origin: str) -> SFTChat:
+    """One row as an :class:`SFTChat`: :func:`row_messages`, :func:`row_tools`, :func:`row_enable_thinking`."""
+    return SFTChat(row_messages(row, data_cfg, origin), row_tools(row, data_cfg.tools_key, origin),
+                   row_enable_thinking(row, data_cfg.enable_thinking_key, origin))
+
+
 def load_chats(files: Any, data_cfg: Any, split: str, seed: int, max_samples: int = -1
-               ) -> tuple[list[list[dict[str, Any]]], list[str]]:
+               ) -> tuple[list[SFTChat], list[str]]:
     """The chats of ``files`` (``data.train_files`` / ``val_files``) and each one's origin, in order;
     ``max_samples`` >= 0 keeps the first ones.
 
     Raises:
-        DataError: a missing file or a row of neither form.
+        DataError: a missing file, a row of neither form, or a bad tools / enable_thinking value.
     """
     key = "data.train_files" if split == "train" else "data.val_files"
     rl_data = SimpleNamespace(builtin=data_cfg.builtin, seed=seed)
@@ -121,10 +203,11 @@ def load_chats(files: Any, data_cfg: Any, split: str, seed: int, max_samples: in
         rows, where = load_rows([entry], rl_data, split)
         if entry.startswith("builtin:"):
             rows = [_builtin_chat(r) for r in rows]
-            view = SimpleNamespace(messages_key="messages", prompt_key="", response_key="")
+            view = SimpleNamespace(messages_key="messages", prompt_key="", response_key="", tools_key="",
+                                   enable_thinking_key="")
         else:
             view = data_cfg
-        chats += [row_messages(r, view, o) for r, o in zip(rows, where, strict=True)]
+        chats += [row_chat(r, view, o) for r, o in zip(rows, where, strict=True)]
         origins += where
     if max_samples is not None and max_samples >= 0:
         chats, origins = chats[:max_samples], origins[:max_samples]
@@ -147,11 +230,19 @@ def truncate_sample(sample: SFTSample, max_length: int, mode: str, origin: str) 
     return SFTSample(sample.input_ids[cut], sample.loss_mask[cut])
 
 
-def tokenize_all(tokenizer: Any, chats: Sequence[list[dict[str, Any]]], origins: Sequence[str],
-                 data_cfg: Any) -> list[SFTSample]:
-    """Every chat tokenized (:func:`tokenize_chat`) and truncated (:func:`truncate_sample`)."""
+def chat_template_kwargs(chat: SFTChat, data_cfg: Any) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs`` with the row's ``enable_thinking`` over it (when the row sets one)."""
     kw = dict(data_cfg.apply_chat_template_kwargs or {})
-    return [truncate_sample(tokenize_chat(tokenizer, c, o, kw), int(data_cfg.max_length), data_cfg.truncation, o)
+    if chat.enable_thinking is not None:
+        kw["enable_thinking"] = chat.enable_thinking
+    return kw
+
+
+def tokenize_all(tokenizer: Any, chats: Sequence[SFTChat], origins: Sequence[str], data_cfg: Any) -> list[SFTSample]:
+    """Every chat tokenized (:func:`tokenize_chat`, with its row's tools and template keywords) and
+    truncated (:func:`truncate_sample`)."""
+    return [truncate_sample(tokenize_chat(tokenizer, c.messages, o, chat_template_kwargs(c, data_cfg), c.tools),
+                            int(data_cfg.max_length), data_cfg.truncation, o)
             for c, o in zip(chats, origins, strict=True)]
 
 

@@ -100,25 +100,29 @@ def frozen_changes(saved: Any, current: Any, keys: tuple[str, ...] = FROZEN) -> 
     return out
 
 
-def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[Change], list[Change]]:
-    """Compare two resolved configs (``format_config`` YAML).
+def config_changes(saved_yaml: str, current_yaml: str,
+                   frozen_keys: tuple[str, ...] = FROZEN) -> tuple[list[Change], list[Change]]:
+    """Compare two resolved configs (``format_config`` YAML).  ``frozen_keys``: the trainer's
+    :data:`FROZEN` (the SFT trainer passes its own, :data:`rlforge.trainer.sft_resume.SFT_FROZEN`).
 
     Returns:
-        ``(changes, frozen)``: every differing key outside :data:`FROZEN` and :data:`IGNORED`
-        (a key missing on one side shows as ``<unset>``), and the :data:`FROZEN` keys whose
+        ``(changes, frozen)``: every differing key outside ``frozen_keys`` and :data:`IGNORED`
+        (a key missing on one side shows as ``<unset>``), and the ``frozen_keys`` whose
         value differs (those absent from the saved config, written by an older schema, are skipped).
     """
     saved, current = yaml.safe_load(saved_yaml) or {}, yaml.safe_load(current_yaml) or {}
-    frozen = frozen_changes(saved, current)
+    frozen = frozen_changes(saved, current, frozen_keys)
     flat_old, flat_new = _flatten(saved), _flatten(current)
     changes = [Change(k, flat_old.get(k, _UNSET), flat_new.get(k, _UNSET))
                for k in sorted(set(flat_old) | set(flat_new))
-               if flat_old.get(k, _UNSET) != flat_new.get(k, _UNSET) and not _under(k, FROZEN + IGNORED)]
+               if flat_old.get(k, _UNSET) != flat_new.get(k, _UNSET) and not _under(k, frozen_keys + IGNORED)]
     return changes, frozen
 
 
-def check_resume_config(ckpt: Path, config_file: str, current_yaml: str) -> list[Change]:
-    """The allowed changes since checkpoint ``ckpt`` (empty when its config file is absent).
+def check_resume_config(ckpt: Path, config_file: str, current_yaml: str,
+                        frozen_keys: tuple[str, ...] = FROZEN) -> list[Change]:
+    """The allowed changes since checkpoint ``ckpt`` (empty when its config file is absent);
+    ``frozen_keys`` as for :func:`config_changes`.
 
     Raises:
         CheckpointError: a :data:`FROZEN` key changed, naming every such key with both values.
@@ -127,7 +131,7 @@ def check_resume_config(ckpt: Path, config_file: str, current_yaml: str) -> list
     if not path.is_file():
         return []
     try:
-        changes, frozen = config_changes(path.read_text(), current_yaml)
+        changes, frozen = config_changes(path.read_text(), current_yaml, frozen_keys)
     except yaml.YAMLError as e:
         raise CheckpointError(f"checkpoint {ckpt}: {config_file} is not valid YAML ({e.__class__.__name__})") from None
     if frozen:

@@ -18,9 +18,13 @@ is ``data.train_batch_size`` consecutive samples of that order, split into equal
 per rank; an incomplete last batch is dropped.
 
 Output: ``<trainer.default_local_dir>/global_step_N/`` with ``model/state.pt`` (the engine's full state:
-weights or, with LoRA, the adapter, plus optimizer and scheduler), ``config.yaml`` and
+weights or, with LoRA, the adapter, plus optimizer and scheduler), ``trainer_state.pt`` (the step and
+the RNG states), ``config.yaml`` and
 ``huggingface/``: a Hugging Face folder (model + tokenizer; with LoRA the adapter merged in) that
 ``rlforge train actor_rollout_ref.model.path=...`` takes, as verl's SFT checkpoint's ``huggingface``.
+
+Resume (``trainer.resume_mode``, verl's default ``auto``): a run whose ``default_local_dir`` holds a
+checkpoint (or with ``resume_from_path``) goes on from it: :mod:`rlforge.trainer.sft_resume`.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class SFTTrainer:
         self.total_steps = int(t.total_training_steps or t.total_epochs * self.steps_per_epoch)
         self._build_engine()
         self.global_step = 0
+        self.resumed_from = self._resume()
 
     def _samples(self, files: Any, split: str, max_samples: int) -> list[Any]:
         from rlforge.data.sft_dataset import load_chats, tokenize_all
@@ -115,6 +120,7 @@ class SFTTrainer:
         m = self.cfg.model
         module = load_causal_lm(m.path, self.tokenizer, dict(m.override_config), seed=self.cfg.trainer.seed,
                                 key="model.path")
+        self.reference = {k: tuple(v.shape) for k, v in module.state_dict().items()}  # checks a resumed state
         packed = bool(m.use_remove_padding) and packs(m.strategy)
         maybe_select_varlen(module, self.device, packed, m.override_config)
         self.lora = apply_lora(module, m, "model", m.path, seed=self.cfg.trainer.seed) if lora_enabled(m) else None
@@ -125,6 +131,22 @@ class SFTTrainer:
                                   grad_clip=float(self.cfg.optim.clip_grad), model_cfg=flags, role_key="model",
                                   trainable_state_only=self.lora is not None)
         self.log_probs_fn = packed_response_log_probs if packed and self.engine.packed_forward else response_log_probs
+
+    def _resume(self) -> Path | None:
+        """Restore the checkpoint that ``trainer.resume_mode`` names (:mod:`rlforge.trainer.sft_resume`):
+        the engine state, the RNGs and the step (the data position); returns its folder, None when fresh."""
+        from rlforge.trainer.sft_resume import restore_sft, shared_checkpoint
+
+        path = shared_checkpoint(self.cfg.trainer, self.rank)
+        if path is None:
+            return None
+        self.global_step, changes = restore_sft(self.engine, path, _yaml(self.cfg), self.reference)
+        if self.rank == 0:
+            line = f"rlforge sft: resumed from {path} at step {self.global_step}"
+            if changes:
+                line += f"; changed since that checkpoint, taking effect now: {'; '.join(str(c) for c in changes)}"
+            print(line, flush=True)
+        return path
 
     # ------------------------------------------------------------------ batches
     def _micro(self) -> tuple[int, int | None]:
@@ -191,6 +213,7 @@ class SFTTrainer:
         from rlforge.trainer import checkpoint as ckpt
         from rlforge.trainer.export import build_model
 
+        rng = ckpt.rng_state()  # the training RNG, as a resume restores it: the export below may draw from it
         state = self.engine.state_dict()
         hf = self._hf_state()
         root = Path(self.cfg.trainer.default_local_dir)
@@ -204,11 +227,12 @@ class SFTTrainer:
                 model.save_pretrained(out)
                 tok.save_pretrained(out)
 
-            parts = {"model": state, "trainer_state": {"global_step": self.global_step, "rng": ckpt.rng_state()}}
+            parts = {"model": state, "trainer_state": {"global_step": self.global_step, "rng": rng}}
             ckpt.save_checkpoint(root, self.global_step, parts, self.cfg.trainer.max_ckpt_to_keep,
                                  {HF_FOLDER: write}, config=_yaml(self.cfg))
         if get_world_size() > 1:
             torch.distributed.barrier()
+        ckpt.set_rng_state(rng)  # the run goes on from the state saved, as a resumed run does
         return folder
 
     # ------------------------------------------------------------------ loop
@@ -255,7 +279,7 @@ def run_sft(overrides: Sequence[str], config_file: str | None = None, print_conf
     last = trainer.fit()
     if trainer.rank == 0:
         out = Path(cfg.trainer.default_local_dir) / f"global_step_{trainer.global_step}" / HF_FOLDER
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in last.items())
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in last.items()) or "nothing left to train"
         print(f"rlforge sft: {trainer.global_step} steps; {shown}; model {out} "
               f"(rlforge train actor_rollout_ref.model.path={out})", flush=True)
     return 0

@@ -29,7 +29,7 @@ FILES = ("sft_trainer.yaml", "sft_trainer_engine.yaml")
 OLD_NAMES = {old for aliases in SFT_KEY_ALIASES.values() for old in aliases}
 """Older spellings of single keys (``model.partial_pretrain``, ``optim.lr_scheduler``, ...)."""
 
-CHOICES = {"data.truncation": "left", "model.strategy": "fsdp", "engine.strategy": "fsdp",
+CHOICES = {"data.truncation": "left", "trainer.resume_mode": "disable", "model.strategy": "fsdp", "engine.strategy": "fsdp",
            "optim.lr_scheduler_type": "constant", "optim.lr_scheduler": "constant", "optim.warmup_style": "constant",
            "engine.model_dtype": "bf16", "model.fsdp_config.model_dtype": "bf16", "engine.dtype": "float32",
            "trainer.logger": ["console", "file"], "trainer.device": "cpu"}
