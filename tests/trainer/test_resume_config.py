@@ -146,14 +146,14 @@ def test_resume_with_new_lr_trains_at_it_and_records_it(tmp_path, capsys):
 @pytest.mark.e2e
 def test_corrupted_checkpoint_stops_the_resume(tmp_path, capsys):
     assert train(tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=1") == 0
-    state = tmp_path / "global_step_2" / "actor" / "state.pt"
+    state = tmp_path / "global_step_2" / "actor" / "__0_0.distcp"  # the one rank's shard file (DCP)
     data = bytearray(state.read_bytes())
     data[-8192:-4096] = bytes(b ^ 0xFF for b in data[-8192:-4096])  # 4 KiB inside the tensors' bytes
     state.write_bytes(bytes(data))
     capsys.readouterr()
     assert train(tmp_path, "trainer.total_training_steps=3") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
-    assert len(err) == 1 and "actor/state.pt" in err[0] and "global_step_2" in err[0], err
+    assert len(err) == 1 and "actor/__0_0.distcp" in err[0] and "global_step_2" in err[0], err
     assert train(tmp_path, "trainer.total_training_steps=3", "trainer.resume_fallback=true") == 0
     out = capsys.readouterr()
     assert f"resumed from {tmp_path / 'global_step_1'} at step 1" in out.out
