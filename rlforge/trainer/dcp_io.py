@@ -48,9 +48,31 @@ def read_metadata(folder: Path) -> Metadata:
                               f"({_first_line(e)})") from None
 
 
+def check_shards(folder: Path, md: Metadata | None = None) -> None:
+    """Every shard file the metadata of ``folder`` points into exists and is long enough (a truncated or
+    missing ``.distcp`` file; flipped bytes of the same length are the manifest's to find).
+
+    Raises:
+        CheckpointError: naming the first such file, its size and the size the metadata needs."""
+    md = md or read_metadata(folder)
+    need: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None:
+            need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(need.items()):
+        f = Path(folder) / rel
+        have = f.stat().st_size if f.is_file() else None
+        if have is None or have < size:
+            what = "is missing" if have is None else f"has {have} bytes, its checkpoint's metadata needs {size}"
+            raise CheckpointError(f"checkpoint file {f} {what} (truncated or incomplete); the run does not resume "
+                                  "from it")
+
+
 def model_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Parameter name -> global shape of every model tensor saved in the DCP folder ``folder``."""
     md = read_metadata(folder)
+    check_shards(folder, md)
     return {k[len(MODEL):]: tuple(v.size) for k, v in md.state_dict_metadata.items()
             if k.startswith(MODEL) and isinstance(v, TensorStorageMetadata)}
 
@@ -103,6 +125,7 @@ def load_model_state(folder: Path) -> dict[str, torch.Tensor]:
     Raises:
         CheckpointError: unreadable metadata or shard (naming the folder)."""
     md = read_metadata(folder)
+    check_shards(folder, md)
     model: dict[str, torch.Tensor] = {}
     for key, meta in md.state_dict_metadata.items():
         if key.startswith(MODEL) and isinstance(meta, TensorStorageMetadata):

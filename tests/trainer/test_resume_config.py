@@ -159,3 +159,24 @@ def test_corrupted_checkpoint_stops_the_resume(tmp_path, capsys):
     assert f"resumed from {tmp_path / 'global_step_1'} at step 1" in out.out
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-2:] == [2, 3]
+
+
+@pytest.mark.e2e
+def test_a_sharded_checkpoint_of_another_shape_or_with_a_truncated_shard_is_one_error(tmp_path, capsys):
+    """A sharded (DCP) checkpoint without the config and manifest that catch these first: a parameter of
+    another shape is one error naming both shapes; a truncated shard is one error naming the file."""
+    assert train(tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1") == 0
+    folder = tmp_path / "global_step_1"
+    for name in ("config.yaml", "manifest.json"):
+        (folder / name).unlink()
+    capsys.readouterr()
+    assert train(tmp_path, "trainer.total_training_steps=2",
+                 "+actor_rollout_ref.model.override_config.intermediate_size=100") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(err) == 1 and str(folder / "actor") in err[0], err
+    assert "has shape [" in err[0] and "in the checkpoint, [100, " in err[0] and "in the model" in err[0], err
+    shard = folder / "actor" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-4096])
+    assert train(tmp_path, "trainer.total_training_steps=2") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(err) == 1 and f"checkpoint file {shard} has " in err[0] and "truncated" in err[0], err
