@@ -109,7 +109,9 @@ def overrides(args: argparse.Namespace, algorithm: str, out_dir: Path) -> list[s
 def policy_probs(ckpt: Path, tokenizer, low: int, high: int, seed: int) -> tuple[np.ndarray, float]:
     """π(x) for x = low..high from a checkpoint, and the mass on every other token."""
     model = load_causal_lm("preset:tiny", tokenizer, seed=seed)
-    state = torch.load(ckpt / "actor" / "state.pt", map_location="cpu", weights_only=False)["model"]
+    from rlforge.trainer.dcp_io import saved_model_state
+
+    state = saved_model_state(ckpt)  # sharded (actor/.metadata) or full (actor/state.pt)
     if any(k.startswith("lm.") for k in state):  # FlowRL: PolicyWithLogZ = lm + log_z_head
         state = {k[3:]: v for k, v in state.items() if k.startswith("lm.")}
     model.load_state_dict(state)

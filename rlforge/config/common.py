@@ -54,7 +54,10 @@ class CheckpointConfig:
     load_contents: list[str] = II(".save_contents")
     """Parts read on resume; defaults to ``save_contents``."""
     async_save: bool = False
-    """Write checkpoints in a background thread (accepted; rlforge saves synchronously)."""
+    """Write this role's sharded checkpoint in a background thread: the save returns once the shards are copied
+    to host memory (pinned on CUDA) and overlaps the next steps; the tracker file names the checkpoint only when
+    it is complete.  A save still running when the next is due is waited for.  Full-format roles (strategy
+    megatron, LoRA adapters) save synchronously (docs/checkpoints.md)."""
 
 
 def hf_model_only(save_contents: Any) -> bool:

@@ -193,7 +193,6 @@ def _checkpoint_rows(node: str, everything: bool) -> list[LaterWork]:
         save,
         _follows(f"{node}.load_contents", f"{node}.save_contents",
                  "{key}={value[0]}: resuming restores every part the checkpoint holds; ignored"),
-        LaterWork(f"{node}.async_save", lambda v: v is True, "{key}=True: rlforge saves checkpoints synchronously; ignored"),
     ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,23 @@ class TrainEngine(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output."""
+
+    @contextmanager
+    def sharded_state(self) -> Iterator[dict[str, Any] | None]:
+        """This rank's shards for ``torch.distributed.checkpoint`` (DCP): ``{"model", "optimizer",
+        "scheduler"}`` with DTensor / ShardedTensor values, valid inside the context (a collective: every
+        rank enters it).  None (the default) when the engine has no sharded state: the checkpoint then
+        holds :meth:`state_dict`'s full state (:mod:`rlforge.trainer.checkpointer`)."""
+        yield None
+
+    def load_sharded_state(self, read: Callable[[dict[str, Any]], None]) -> None:
+        """Restore a DCP checkpoint: ``read(template)`` fills :meth:`sharded_state`'s template in place
+        (``dcp.load``, which reshards), then the engine takes it.
+
+        Raises:
+            ValueError: the engine has no sharded state (the message names the strategy)."""
+        raise ValueError(f"strategy {getattr(self, 'strategy', type(self).__name__)!r} loads only full-state checkpoints (actor/state.pt), "
+                         "not sharded (DCP) ones")
 
 
 @torch.no_grad()

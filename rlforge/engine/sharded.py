@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -346,6 +346,42 @@ class ShardedEngine(TrainEngine):
             set_model_state_dict(self.module, state["model"], options=opts)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+    @contextmanager
+    def sharded_state(self) -> Iterator[dict[str, Any] | None]:
+        """As :meth:`TrainEngine.sharded_state`: FQN-keyed model and optimizer shards (DCP's
+        ``get_state_dict`` without ``full_state_dict``), the optimizer state on the device inside.  None
+        with :attr:`trainable_state_only` (a LoRA adapter is small: it keeps the full format)."""
+        if self.trainable_state_only:
+            yield None
+            return
+        with self.phase(), self._state_on_device():
+            yield self._sharded()
+
+    def _sharded(self) -> dict[str, Any]:
+        if self.optimizer is None:
+            state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
+        else:
+            model, optim = get_state_dict(self.module, [self.optimizer])
+            state = {"model": model, "optimizer": optim}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_sharded_state(self, read: Callable[[dict[str, Any]], None]) -> None:
+        """As :meth:`TrainEngine.load_sharded_state`."""
+        if self.trainable_state_only:
+            super().load_sharded_state(read)
+        with self.phase(), self._state_on_device():
+            state = self._sharded()
+            read(state)
+            if "optimizer" in state:
+                set_state_dict(self.module, [self.optimizer], model_state_dict=state["model"],
+                               optim_state_dict=state["optimizer"])
+            else:
+                set_model_state_dict(self.module, state["model"])
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
 
     def _state_on_device(self) -> AbstractContextManager:
         """The optimizer state on the device for DCP's collectives (offloaded again after)."""

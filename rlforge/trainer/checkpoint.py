@@ -59,43 +59,47 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(
-    root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None,
-    exports: dict[str, Callable[[Path], None]] | None = None, config: str | None = None,
-    resumable: bool = True,
-) -> Path:
-    """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically.
-
-    ``config`` (the resolved config's YAML) is written as ``config.yaml``.  ``exports`` maps a
-    sub-folder (e.g. ``actor/huggingface``) to a function that writes into it; they run inside
-    the temporary folder, so they are atomic too.  Returns the checkpoint folder.  Older
-    checkpoints beyond ``max_to_keep`` are removed.  ``resumable=False`` (``parts`` without
-    ``trainer_state``: an export-only save) leaves the tracker file alone, or removes it when it
-    named the folder just replaced.
-    """
+def new_tmp(root: str | Path, step: int) -> Path:
+    """A fresh temporary folder for ``global_step_{step}`` in ``root`` (created with ``root``), after removing
+    the ones a run killed while saving left behind.  Called by rank 0 only, with no save in flight."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"global_step_{step}"
     for stale in root.glob(".global_step_*.tmp-*"):  # left by a run killed while saving
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".global_step_{step}.tmp-{os.getpid()}"
     tmp.mkdir()
+    return tmp
+
+
+def write_files(tmp: Path, parts: dict[str, dict[str, Any]], config: str | None = None,
+                exports: dict[str, Callable[[Path], None]] | None = None) -> None:
+    """Write the full-state ``parts`` (``trainer_state`` -> ``trainer_state.pt``, a role -> ``<role>/state.pt``),
+    ``config`` as ``config.yaml`` and each export's sub-folder into the temporary folder ``tmp``."""
+    for name, state in parts.items():
+        if name == "trainer_state":
+            torch.save(state, tmp / "trainer_state.pt")
+        else:
+            (tmp / name).mkdir(exist_ok=True)
+            torch.save(state, tmp / name / "state.pt")
+    if config is not None:
+        (tmp / CONFIG_FILE).write_text(config)
+    for sub, write in (exports or {}).items():
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+        write(tmp / sub)
+
+
+def commit(tmp: Path, step: int, max_to_keep: int | None = None, resumable: bool = True) -> Path:
+    """Make the complete temporary folder ``tmp`` the checkpoint ``global_step_{step}`` beside it: its
+    manifest (resumable saves), the rename, then the tracker file, then the pruning of older checkpoints
+    beyond ``max_to_keep``.  A kill at any point leaves the previous checkpoint the latest.  On an error
+    ``tmp`` is removed.  Returns the checkpoint folder."""
+    root = tmp.parent
+    final = root / f"global_step_{step}"
     try:
-        for name, state in parts.items():
-            if name == "trainer_state":
-                torch.save(state, tmp / "trainer_state.pt")
-            else:
-                (tmp / name).mkdir()
-                torch.save(state, tmp / name / "state.pt")
-        if config is not None:
-            (tmp / CONFIG_FILE).write_text(config)
-        for sub, write in (exports or {}).items():
-            (tmp / sub).mkdir(parents=True, exist_ok=True)
-            write(tmp / sub)
         if resumable:  # after every file, before the folder (and then the tracker) names them
             write_manifest(tmp)
         follow_umask(tmp)  # safetensors writes 0600 files
-        old = root / f".global_step_{step}.tmp-{os.getpid()}-old"
+        old = root / f"{tmp.name}-old"
         if final.exists():  # move the old one aside first: a kill now leaves a valid folder or none
             os.replace(final, old)
         os.replace(tmp, final)
@@ -110,10 +114,50 @@ def save_checkpoint(
     elif (root / TRACKER).is_file() and (root / TRACKER).read_text().strip() == str(step):
         (root / TRACKER).unlink()  # the checkpoint it named was just replaced by an export-only folder
     if max_to_keep and max_to_keep > 0:
-        steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*") if p.is_dir())
-        for old in steps[:-max_to_keep]:
-            shutil.rmtree(root / f"global_step_{old}", ignore_errors=True)
+        steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*")
+                       if p.is_dir() and p.name.rsplit("_", 1)[1].isdigit())
+        for gone in steps[:-max_to_keep]:
+            shutil.rmtree(root / f"global_step_{gone}", ignore_errors=True)
     return final
+
+
+def rank_rng(trainer_state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+    """The RNG states rank ``rank`` resumes with: its own (``rng_per_rank``, saved since sharded checkpoints),
+    None for a rank beyond the saving world (it keeps its fresh per-rank seed), or, for a checkpoint without
+    per-rank states (an older rlforge), rank 0's ``rng``.  Rank 0 warns once when the world size changed:
+    sampling then differs from an uninterrupted run's."""
+    per_rank = trainer_state.get("rng_per_rank")
+    if not per_rank:
+        return trainer_state["rng"]
+    if len(per_rank) != world_size and rank == 0:
+        log.warning("the checkpoint was saved by %d ranks and resumes on %d: ranks keep their own RNG streams "
+                    "where saved (fresh ones beyond), so sampling differs from an uninterrupted run",
+                    len(per_rank), world_size)
+    return per_rank[rank] if rank < len(per_rank) else None
+
+
+def save_checkpoint(
+    root: str | Path, step: int, parts: dict[str, dict[str, Any]], max_to_keep: int | None = None,
+    exports: dict[str, Callable[[Path], None]] | None = None, config: str | None = None,
+    resumable: bool = True,
+) -> Path:
+    """Write ``parts`` (``{"actor": state, "critic": state, "trainer_state": state}``) atomically, in one
+    process (full states: the sharded, asynchronous saves are :mod:`rlforge.trainer.checkpointer`'s).
+
+    ``config`` (the resolved config's YAML) is written as ``config.yaml``.  ``exports`` maps a
+    sub-folder (e.g. ``actor/huggingface``) to a function that writes into it; they run inside
+    the temporary folder, so they are atomic too.  Returns the checkpoint folder.  Older
+    checkpoints beyond ``max_to_keep`` are removed.  ``resumable=False`` (``parts`` without
+    ``trainer_state``: an export-only save) leaves the tracker file alone, or removes it when it
+    named the folder just replaced.
+    """
+    tmp = new_tmp(root, step)
+    try:
+        write_files(tmp, parts, config, exports)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit(tmp, step, max_to_keep, resumable)
 
 
 def find_resume_path(resume_mode: str, default_local_dir: str | Path, resume_from_path: str | None) -> Path | None:
@@ -242,7 +286,7 @@ def _num_layers(keys: Iterable[str]) -> int:
 
 
 def state_mismatch(saved: dict[str, Any], reference: dict[str, tuple[int, ...]]) -> str | None:
-    """Why the saved model state ``saved`` (name -> tensor) cannot fit a model whose parameters have
+    """Why the saved model state ``saved`` (name -> tensor, or its shape as a tuple) cannot fit a model whose parameters have
     the shapes ``reference`` (name -> shape): another number of decoder layers, or the first
     parameter of both with another shape; None when neither is seen.  A policy wrapped with a log Z
     head (a policy loss's hook): its ``lm.`` prefix is dropped and its ``log_z_head.*`` ignored."""
@@ -255,7 +299,7 @@ def state_mismatch(saved: dict[str, Any], reference: dict[str, tuple[int, ...]])
         return (f"the checkpoint has {got} decoder layers, the model {want} (first parameter only in the {where}: "
                 f"{first!r})")
     for name, t in saved.items():
-        shape = tuple(getattr(t, "shape", ()))
+        shape = tuple(t) if isinstance(t, tuple) else tuple(getattr(t, "shape", ()))
         if name in reference and shape != tuple(reference[name]):
             return f"parameter {name!r} has shape {list(shape)} in the checkpoint, {list(reference[name])} in the model"
     return None

@@ -1,9 +1,11 @@
 """``rlforge export CHECKPOINT --out HF_DIR``: a Hugging Face folder (model + tokenizer,
 safetensors) from a saved checkpoint.
 
-Every engine (``fsdp``, ``fsdp2``, ``megatron``, and the one-process runs of each) saves the actor
-as a full, HF-keyed state dict in ``global_step_N/actor/state.pt`` (:mod:`rlforge.trainer.checkpoint`),
-so one path serves them all: the model is rebuilt from the run's config on the ``meta`` device
+The FSDP engines save the actor sharded (``global_step_N/actor/.metadata`` and one ``.distcp`` file per
+rank: :mod:`rlforge.trainer.checkpointer`), whose model tensors are read here in one process without a
+GPU or a process group (:func:`rlforge.trainer.dcp_io.load_model_state`); megatron, LoRA adapters and
+older rlforge versions save a full, HF-keyed state dict in ``global_step_N/actor/state.pt``
+(:mod:`rlforge.trainer.checkpoint`).  Both hold HF keys, so one path serves them all: the model is rebuilt from the run's config on the ``meta`` device
 (no weights are read or initialised twice), the checkpoint's tensors are assigned to it, and the
 model and the tokenizer are written with ``save_pretrained``.
 
@@ -49,7 +51,8 @@ TRACKER = "latest_checkpointed_iteration.txt"  # = rlforge.trainer.checkpoint.TR
 CONFIG_FILE = "config.yaml"  # = rlforge.trainer.checkpoint.CONFIG_FILE
 _HF_EXPORT = Path("actor") / "huggingface"
 _ADAPTER_CONFIG = "adapter_config.json"  # a peft adapter folder (a LoRA run's hf_model export)
-_NOT_A_CHECKPOINT = ("expected a global_step_N folder with actor/state.pt, or a run folder "
+_DCP_METADATA = ".metadata"  # = rlforge.trainer.dcp_io.METADATA (which imports torch)
+_NOT_A_CHECKPOINT = ("expected a global_step_N folder with actor/state.pt or actor/.metadata, or a run folder "
                      f"(trainer.default_local_dir) with {TRACKER}")
 
 
@@ -57,6 +60,23 @@ def _step_of(hf: Path) -> int:
     """N of ``.../global_step_N/actor/huggingface`` (-1 when N is not a number)."""
     n = hf.parent.parent.name.rsplit("_", 1)[-1]
     return int(n) if n.isdigit() else -1
+
+
+def _has_actor(ckpt: Path) -> bool:
+    """The actor is saved: full format (``actor/state.pt``) or sharded (``actor/.metadata``, DCP)."""
+    return (ckpt / "actor" / "state.pt").is_file() or (ckpt / "actor" / _DCP_METADATA).is_file()
+
+
+def _actor_part(ckpt: Path) -> tuple[dict[str, Any], Path]:
+    """The actor's saved state (``{"model": HF-keyed tensors, ...}``) and the file or folder it came from:
+    a sharded checkpoint's model tensors are read in this process (no GPU, no process group)."""
+    if (ckpt / "actor" / _DCP_METADATA).is_file():
+        from rlforge.trainer.dcp_io import load_model_state
+
+        return {"model": load_model_state(ckpt / "actor")}, ckpt / "actor"
+    from rlforge.trainer.checkpoint import load_part
+
+    return load_part(ckpt, "actor"), ckpt / "actor" / "state.pt"
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -69,18 +89,19 @@ def find_checkpoint(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
         raise CheckpointError(f"{path}: no such file or folder ({_NOT_A_CHECKPOINT})")
-    if (p / "actor" / "state.pt").is_file():
+    if _has_actor(p):
         return p
     tracker = p / TRACKER
     if tracker.is_file():
         step = tracker.read_text().strip()
         latest = p / f"global_step_{step}"
-        if step.isdigit() and (latest / "actor" / "state.pt").is_file():
+        if step.isdigit() and _has_actor(latest):
             return latest
         raise CheckpointError(f"{tracker} points to global_step_{step}, which is not a complete checkpoint; "
                               "pass one of the run's global_step_N folders instead")
     if (p / "trainer_state.pt").is_file():
-        raise CheckpointError(f"{path}: this checkpoint has no actor/state.pt (the actor was not saved)")
+        raise CheckpointError(f"{path}: this checkpoint has neither actor/state.pt nor actor/{_DCP_METADATA} "
+                              "(the actor was not saved)")
     hf = _exported_folder(p)
     if hf is not None and (hf / _ADAPTER_CONFIG).is_file():  # LoRA with save_contents=[hf_model] alone
         raise CheckpointError(f"{path} holds only the policy's LoRA adapter folder (save_contents=[hf_model]): "
@@ -232,8 +253,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     """
     import torch
 
-    from rlforge.trainer.checkpoint import load_part
-
     if dtype not in DTYPES:
         raise CheckpointError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
     adapter = _adapter_only(checkpoint) if merge else None
@@ -246,15 +265,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         _write(out, model.to(getattr(torch, dtype)), tok)
         return ckpt
     source = _model_source(ckpt, model_path, tokenizer_path)
-    part = load_part(ckpt, "actor")
+    part, where = _actor_part(ckpt)
     try:
         state = part["model"]
     except (KeyError, TypeError):
-        raise CheckpointError(f"{ckpt / 'actor' / 'state.pt'} holds no model state") from None
+        raise CheckpointError(f"{where} holds no model state") from None
     lm_state, head_state = _split_log_z(state)
     plan = None
     if part.get("lora"):
-        tok, model, plan = _lora_model(source, part["lora"], lm_state, ckpt / "actor" / "state.pt")
+        tok, model, plan = _lora_model(source, part["lora"], lm_state, where)
         if merge:
             from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -267,7 +286,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     else:
         if merge:
             raise CheckpointError(f"--merge: {ckpt} is not a LoRA checkpoint (it holds the full model already)")
-        tok, model = build_model(source, lm_state, ckpt / "actor" / "state.pt")
+        tok, model = build_model(source, lm_state, where)
     model.to(getattr(torch, dtype))
     extras = head_state if source["export_log_z"] else {}
     _write(out, model, tok, plan, extras)
@@ -278,7 +297,7 @@ def _adapter_only(checkpoint: str | Path) -> Path | None:
     """The peft adapter folder (``actor/huggingface``) of a LoRA run's export-only save
     (``save_contents=[hf_model]``) that ``checkpoint`` names; None for anything else."""
     p = Path(checkpoint).expanduser()
-    if not p.is_dir() or (p / "actor" / "state.pt").is_file() or (p / TRACKER).is_file():
+    if not p.is_dir() or _has_actor(p) or (p / TRACKER).is_file():
         return None
     hf = _exported_folder(p)
     return hf if hf is not None and (hf / _ADAPTER_CONFIG).is_file() else None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -64,6 +65,8 @@ from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer import spmd
 from rlforge.trainer.backoff import install_backoff
 from rlforge.trainer.build import Job, build_job
+from rlforge.trainer.checkpointer import Checkpointer, Role
+from rlforge.trainer.dcp_io import is_sharded, load_into
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
 from rlforge.trainer.metrics import (
     data_metrics,
@@ -161,6 +164,7 @@ class PPOTrainer:
         self.partial = PartialRollout.from_config(cfg, self.job.rollout, self.job.train_loader, self.world_size,
                                                   self.adv_fn)
         self.global_step = 0
+        self.checkpointer = Checkpointer(self.rank)
         # rank 0's folder (a run-<id> sub-folder: on_existing_run=append, or resume_mode=disable); recorded in config.yaml
         self.out_dir = self._rank0(str(self.lock.folder) if self.lock is not None else cfg.trainer.default_local_dir)
         cfg.trainer.default_local_dir = self.out_dir
@@ -207,16 +211,11 @@ class PPOTrainer:
         if path is None:
             return
         changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(self.cfg))
-        actor = self.job.actor.engine
-        fresh = optim_settings(actor)
         reference = self.job.rollout_shapes  # full shapes (a TP rollout holds slices)
-        ckpt.restore(actor, path, "actor", "actor_rollout_ref.model", reference)
-        apply_optim_settings(actor, fresh)  # the new lr, schedule, weight decay, betas take effect
+        self._restore_role(self.job.actor.engine, path, "actor", "actor_rollout_ref.model", reference)
         self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights
         if self.job.critic is not None:
-            fresh = optim_settings(self.job.critic.engine)
-            ckpt.restore(self.job.critic.engine, path, "critic", "critic.model")
-            apply_optim_settings(self.job.critic.engine, fresh)
+            self._restore_role(self.job.critic.engine, path, "critic", "critic.model")
         state = ckpt.load_part(path, "trainer_state")
         self.global_step = int(state["global_step"])
         self.job.train_loader.load_state_dict(state["dataloader"])
@@ -224,43 +223,61 @@ class PPOTrainer:
             self.partial.load_state_dict(state["partial_rollout"])
         if not any(c.key.startswith("algorithm.kl_ctrl.") for c in changes):  # else it restarts from the new keys
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        ckpt.set_rng_state(state["rng"])
+        rng = ckpt.rank_rng(state, self.rank, self.world_size)
+        if rng is not None:
+            ckpt.set_rng_state(rng)
         line = f"resumed from {path} at step {self.global_step}"
         if changes:
             line += f"; changed since that checkpoint, taking effect now: {'; '.join(str(c) for c in changes)}"
         if self.rank == 0:
             print(line, flush=True)
 
+    @staticmethod
+    def _restore_role(engine: Any, path: Path, name: str, model_key: str,
+                      reference: dict[str, tuple[int, ...]] | None = None) -> None:
+        """One role's model, optimizer and schedule from ``path`` (sharded or full format), with this run's
+        optimizer settings (lr, schedule, weight decay, betas) taking effect over the saved ones."""
+        fresh = optim_settings(engine)
+        if is_sharded(path, name):
+            load_into(engine, path / name, model_key, reference)
+        else:
+            ckpt.restore(engine, path, name, model_key, reference)
+        apply_optim_settings(engine, fresh)
+
     def _save(self) -> None:
-        """A checkpoint at ``trainer.save_freq``; with ``actor.checkpoint.save_contents=[hf_model]``
+        """A checkpoint at ``trainer.save_freq`` (:class:`~rlforge.trainer.checkpointer.Checkpointer`: sharded,
+        asynchronous per role with ``<role>.checkpoint.async_save``); with ``actor.checkpoint.save_contents=[hf_model]``
         alone, only the policy's Hugging Face folder (:func:`rlforge.config.common.hf_model_only`)."""
-        parts: dict[str, dict[str, Any]] = {"actor": self.job.actor.engine.state_dict()}
-        if self.job.actor_lora is not None:  # the adapter's settings, for `rlforge export`
-            parts["actor"]["lora"] = self.job.actor_lora.state()
-        if hf_model_only(self.cfg.actor_rollout_ref.actor.checkpoint.save_contents):
+        actor_ckpt = self.cfg.actor_rollout_ref.actor.checkpoint
+        if hf_model_only(actor_ckpt.save_contents):
+            self.checkpointer.wait()  # an export-only save never overtakes a checkpoint in flight
+            model = self._full_actor_state()
             if self.rank == 0:
                 ckpt.save_checkpoint(self.out_dir, self.global_step, {}, self.cfg.trainer.max_actor_ckpt_to_keep,
-                                     self._exports(parts["actor"]["model"]), config=format_config(self.cfg),
-                                     resumable=False)
+                                     self._exports(model), config=format_config(self.cfg), resumable=False)
             spmd.barrier()
             return
+        lora = {"lora": self.job.actor_lora.state()} if self.job.actor_lora is not None else {}  # for `rlforge export`
+        roles = {"actor": Role(self.job.actor.engine, bool(actor_ckpt.async_save), lora)}
         if self.job.critic is not None:
-            parts["critic"] = self.job.critic.engine.state_dict()
-        parts["trainer_state"] = {
+            roles["critic"] = Role(self.job.critic.engine, bool(self.cfg.critic.checkpoint.async_save))
+        exports = self._exports(self._full_actor_state()) if "hf_model" in actor_ckpt.save_contents else {}
+        trainer_state = {
             "global_step": self.global_step,
             "dataloader": self.job.train_loader.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": ckpt.rng_state(),
+            "world_size": self.world_size,
         }
         if self.partial is not None:
-            parts["trainer_state"]["partial_rollout"] = self.partial.state_dict()
-        if self.rank == 0:
-            ckpt.save_checkpoint(
-                self.out_dir, self.global_step, parts, self.cfg.trainer.max_actor_ckpt_to_keep,
-                self._exports(parts["actor"]["model"]),
-                config=format_config(self.cfg),  # what `rlforge export` rebuilds the model from
-            )
-        spmd.barrier()
+            trainer_state["partial_rollout"] = self.partial.state_dict()
+        self.checkpointer.save(self.out_dir, self.global_step, roles, trainer_state, config=format_config(self.cfg),
+                               exports=exports, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+
+    def _full_actor_state(self) -> dict[str, Any]:
+        """The policy's full (gathered, CPU, master-dtype) model state for ``hf_model`` (a collective; rank 0's
+        is whole; a LoRA run's: the adapter)."""
+        return self.job.actor.engine.state_dict()["model"]
 
     def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
         """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
@@ -314,9 +331,12 @@ class PPOTrainer:
                 ):
                     last.update(self._validate())
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or is_last):
+                    start = time.perf_counter()
                     self._save()
+                    last["timing_s/save_checkpoint"] = time.perf_counter() - start  # as training sees it
                 self.tracker.log(last, step=self.global_step)
                 self.perf.flush()
+            self.checkpointer.close()  # the last save in flight is written and committed before the run ends
         except KeyboardInterrupt:
             if self.rank == 0:
                 actor_ckpt = self.cfg.actor_rollout_ref.actor.checkpoint

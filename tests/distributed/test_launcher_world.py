@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlforge.trainer.dcp_io import saved_model_state
+
 pytestmark = pytest.mark.e2e
 
 TOK = os.environ.get("RLFORGE_TEST_TOKENIZER") or None
@@ -53,7 +55,7 @@ def test_torchrun_megatron_takes_the_launchers_world_size_and_exports(tmp_path):
 
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
-    state = torch.load(tmp_path / "run" / "global_step_1" / "actor" / "state.pt", weights_only=False)["model"]
+    state = saved_model_state(tmp_path / "run" / "global_step_1")
     for k, v in state.items():
         torch.testing.assert_close(exported[k], v, atol=0, rtol=0)
 

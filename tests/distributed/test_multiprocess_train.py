@@ -76,7 +76,9 @@ def test_two_process_training_then_single_process_resume(request, tmp_path, stra
         res, rows = two_process_run(tmp_path, strategy)
     assert [r["step"] for r in rows] == [1, 2]  # rank 0 logs, once per step
     assert all(r["actor/grad_norm"] > 0 for r in rows)  # continuous rewards: the policy moves
-    assert (tmp_path / "global_step_2" / "actor" / "state.pt").exists()
+    assert (tmp_path / "global_step_2" / "actor" / ".metadata").exists()  # sharded: each rank wrote its shards
+    assert sorted(p.name for p in (tmp_path / "global_step_2" / "actor").glob("*.distcp")) == ["__0_0.distcp",
+                                                                                              "__1_0.distcp"]
     # one start line (the user's process) and one summary (rank 0), the start time shared
     assert res.stdout.count("rlforge train: start |") == 1 and "device cpu x 2 processes" in res.stdout
     assert res.stdout.count("rlforge train: done in ") == 1, res.stdout

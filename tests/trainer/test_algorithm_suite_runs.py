@@ -15,6 +15,7 @@ import pytest
 
 from rlforge.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from rlforge.cli import main
+from rlforge.trainer.dcp_io import saved_model_state
 
 pytestmark = pytest.mark.e2e
 
@@ -157,7 +158,7 @@ def test_hf_export_leaves_out_the_log_z_head_unless_asked(tmp_path, export_log_z
     assert (hf / "log_z_head.safetensors").exists() == export_log_z
     tok = load_tokenizer(str(hf))
     exported = load_causal_lm(str(hf), tok).state_dict()
-    state = torch.load(tmp_path / "global_step_1" / "actor" / "state.pt", weights_only=False)["model"]
+    state = saved_model_state(tmp_path / "global_step_1")
     assert not any("log_z" in k for k in exported)
     for k, v in exported.items():
         assert torch.equal(v, state[f"lm.{k}"]), k

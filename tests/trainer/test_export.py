@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlforge.cli import main
+from rlforge.trainer.dcp_io import saved_model_state
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def test_export_loads_with_transformers_and_gives_the_trained_log_probs(run_dir,
     ids = torch.tensor([tok("12 + 30 = 42, and 7 * 6 = 42.")["input_ids"]] * 2)
     ids[1, :3] = torch.tensor([5, 6, 7])
     # the reference: the checkpoint's state dict in a freshly built model (the run's initial weights: data.seed)
-    state = torch.load(ckpt / "actor" / "state.pt", weights_only=False)["model"]
+    state = saved_model_state(ckpt)
     fresh = load_causal_lm("preset:tiny", load_tokenizer("preset:tiny", TOK), seed=1)
     moved = [k for k, v in fresh.state_dict().items() if k in state and not torch.equal(v, state[k])]
     assert moved  # the step changed the weights: the export holds the trained ones, not the initial ones
@@ -85,10 +86,10 @@ def test_an_old_checkpoint_without_config_uses_its_hf_model_folder(run_dir, tmp_
     shutil.rmtree(old / "actor" / "huggingface")
     assert main(["export", str(old), "--out", str(tmp_path / "b"), "--model-path", "preset:tiny",
                  *(["--tokenizer-path", TOK] if TOK else [])]) == 0
-    # both folders hold the checkpoint's trained weights (the reference: actor/state.pt itself)
+    # both folders hold the checkpoint's trained weights (the reference: the saved actor itself)
     from transformers import AutoModelForCausalLM
 
-    state = torch.load(old / "actor" / "state.pt", weights_only=False)["model"]
+    state = saved_model_state(old)
     for folder in ("a", "b"):
         got = AutoModelForCausalLM.from_pretrained(tmp_path / folder).state_dict()
         assert set(state) <= set(got), (folder, set(state) - set(got))
@@ -118,7 +119,9 @@ def test_errors_name_the_path(run_dir, tmp_path, capsys):
     assert (tmp_path / "full" / "a.txt").read_text() == "keep me"
     bare = tmp_path / "global_step_1"
     (bare / "actor").mkdir(parents=True)
-    shutil.copy(run_dir / "global_step_1" / "actor" / "state.pt", bare / "actor" / "state.pt")
+    for f in (run_dir / "global_step_1" / "actor").iterdir():  # the sharded actor, without its huggingface/
+        if f.is_file():
+            shutil.copy(f, bare / "actor" / f.name)
     assert main(["export", str(bare), "--out", str(tmp_path / "y")]) == 2
     assert "--model-path" in _one_error(capsys)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
@@ -161,3 +164,25 @@ def test_default_job_saves_the_trained_policy_as_a_hugging_face_folder(tmp_path,
         assert bool((step <= bound).all()), (k, float((step - bound).max()))
         moved += int((step > 0).sum())
     assert moved > 0  # the trained weights, not the initial ones
+
+
+def test_export_of_a_sharded_checkpoint_equals_the_export_of_its_full_state_copy(run_dir, tmp_path):
+    """The run's checkpoint is sharded (DCP, ``actor/.metadata``); the same weights written in the old
+    full format (``actor/state.pt``, as rlforge wrote before) export to the same safetensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    dcp_ckpt = run_dir / "global_step_1"
+    assert (dcp_ckpt / "actor" / ".metadata").is_file() and not (dcp_ckpt / "actor" / "state.pt").exists()
+    old = tmp_path / "old" / "global_step_1"
+    (old / "actor").mkdir(parents=True)
+    shutil.copy(dcp_ckpt / "config.yaml", old / "config.yaml")
+    torch.save({"model": saved_model_state(dcp_ckpt), "optimizer": {}, "scheduler": None}, old / "actor" / "state.pt")
+    assert main(["export", str(dcp_ckpt), "--out", str(tmp_path / "from_dcp")]) == 0
+    assert main(["export", str(old), "--out", str(tmp_path / "from_full")]) == 0
+    a, b = load_file(tmp_path / "from_dcp" / "model.safetensors"), load_file(tmp_path / "from_full" / "model.safetensors")
+    # the independent reference: the run's own hf_model folder, written from the engine's full (gathered) state
+    c = load_file(dcp_ckpt / "actor" / "huggingface" / "model.safetensors")
+    assert set(a) == set(b) == set(c) and a
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
+        torch.testing.assert_close(a[k], c[k], atol=0, rtol=0, msg=k)

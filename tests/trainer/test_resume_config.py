@@ -146,16 +146,37 @@ def test_resume_with_new_lr_trains_at_it_and_records_it(tmp_path, capsys):
 @pytest.mark.e2e
 def test_corrupted_checkpoint_stops_the_resume(tmp_path, capsys):
     assert train(tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=1") == 0
-    state = tmp_path / "global_step_2" / "actor" / "state.pt"
+    state = tmp_path / "global_step_2" / "actor" / "__0_0.distcp"  # the one rank's shard file (DCP)
     data = bytearray(state.read_bytes())
     data[-8192:-4096] = bytes(b ^ 0xFF for b in data[-8192:-4096])  # 4 KiB inside the tensors' bytes
     state.write_bytes(bytes(data))
     capsys.readouterr()
     assert train(tmp_path, "trainer.total_training_steps=3") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
-    assert len(err) == 1 and "actor/state.pt" in err[0] and "global_step_2" in err[0], err
+    assert len(err) == 1 and "actor/__0_0.distcp" in err[0] and "global_step_2" in err[0], err
     assert train(tmp_path, "trainer.total_training_steps=3", "trainer.resume_fallback=true") == 0
     out = capsys.readouterr()
     assert f"resumed from {tmp_path / 'global_step_1'} at step 1" in out.out
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-2:] == [2, 3]
+
+
+@pytest.mark.e2e
+def test_a_sharded_checkpoint_of_another_shape_or_with_a_truncated_shard_is_one_error(tmp_path, capsys):
+    """A sharded (DCP) checkpoint without the config and manifest that catch these first: a parameter of
+    another shape is one error naming both shapes; a truncated shard is one error naming the file."""
+    assert train(tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1") == 0
+    folder = tmp_path / "global_step_1"
+    for name in ("config.yaml", "manifest.json"):
+        (folder / name).unlink()
+    capsys.readouterr()
+    assert train(tmp_path, "trainer.total_training_steps=2",
+                 "+actor_rollout_ref.model.override_config.intermediate_size=100") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(err) == 1 and str(folder / "actor") in err[0], err
+    assert "has shape [" in err[0] and "in the checkpoint, [100, " in err[0] and "in the model" in err[0], err
+    shard = folder / "actor" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-4096])
+    assert train(tmp_path, "trainer.total_training_steps=2") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlforge: error: ")]
+    assert len(err) == 1 and f"checkpoint file {shard} has " in err[0] and "truncated" in err[0], err
