@@ -70,7 +70,7 @@ step_backoff() {  # the online back-off on a real CUDA out-of-memory error
 }
 step_auto05a() {  # 0.5B as a user runs it (GPU busy over the step), 3 repetitions
   timeout -k 5 ${AUTO05A_LIMIT:-420} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-0.5b \
-    --rlforge-setups rlforge-auto --reps ${REPS05:-3} --out /tmp/e2e05 > "$OUT/auto05a.txt" 2>&1
+    --rlforge-setups ${SETUPS05:-rlforge-auto} --reps ${REPS05:-3} --out /tmp/e2e05 > "$OUT/auto05a.txt" 2>&1
   cp /tmp/e2e05/*.md "$OUT"/auto05a.md 2>/dev/null
 }
 step_auto15r() {  # 1.5B: hand-tuned and auto, interleaved repetitions
