@@ -42,6 +42,7 @@ from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_del
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
 from rlforge.config.root import RLForgeConfig
 from rlforge.config.user_keys import leaf_keys, record_user_keys, record_verl_values
+from rlforge.config.world import node_gpus_from_verl_default
 from rlforge.config.yaml_file import ConfigWarning, first_line, read_yaml, yaml_error_message
 from rlforge.errors import ConfigError
 
@@ -126,6 +127,8 @@ def load_config(
     record_user_keys(obj, _user_keys(layers))
     record_auto_keys(obj, autos)
     record_verl_values(obj, _verl_values(layers))
+    if job is None:  # verl's defaults: an unset trainer.n_gpus_per_node means the node's GPUs
+        node_gpus_from_verl_default(obj)
     return obj
 
 

@@ -7,6 +7,11 @@ was changed from its default (``1 x 1``); then it must equal ``WORLD_SIZE``, or 
 :class:`ConfigError` names both numbers and the key to change.  Without a launcher the world
 size is ``trainer.nnodes x trainer.n_gpus_per_node`` (``rlforge train`` then starts that many
 processes itself, :mod:`rlforge.launch`).
+
+verl's defaults (``python -m rlforge.trainer.main_ppo``, ``rlforge train --job none``, ``rlforge check-config``)
+take verl's meaning of an unset ``trainer.n_gpus_per_node`` (verl: 8, a node's GPUs): every GPU visible to the
+process (:func:`node_gpus_from_verl_default`), so a verl script that leaves it out runs on the whole node as it
+does in verl.  rlforge's own jobs keep one process unless told otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +46,45 @@ def _check_nodes(nnodes: int) -> None:
             f"trainer.nnodes={nnodes}, but torchrun's rendezvous joined {nodes} node(s) (GROUP_WORLD_SIZE={nodes}); "
             f"start every node with the same --nnodes and trainer.nnodes"
         )
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process may use, without importing torch: the ids of ``CUDA_VISIBLE_DEVICES`` up to
+    the first invalid one (CUDA's rule) where it is set, else NVML's device count (0 without a driver)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        n = 0
+        for part in env.split(","):
+            if not part.strip() or part.strip().startswith("-"):
+                break
+            n += 1
+        return n
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML library or driver: no GPU
+        return 0
+
+
+def node_gpus_from_verl_default(cfg: Any) -> None:
+    """Under verl's defaults: an unset ``trainer.n_gpus_per_node`` becomes the number of visible GPUs (where
+    more than one; module doc).  Not under a launcher (``WORLD_SIZE`` set: the launcher's count rules), not for
+    ``trainer.device=cpu`` or one named GPU (``cuda:<i>``)."""
+    from rlforge.config.user_keys import user_set
+
+    t = cfg.trainer
+    if os.environ.get("WORLD_SIZE") is not None or user_set(cfg, "trainer.n_gpus_per_node"):
+        return
+    if str(t.device) not in ("auto", "cuda"):
+        return
+    n = visible_gpus()
+    if n > 1:
+        t.n_gpus_per_node = n
 
 
 def run_world(cfg: Any) -> World:

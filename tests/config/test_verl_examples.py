@@ -31,10 +31,6 @@ SCRIPT_FAULTS: dict[str, tuple[str, str]] = {
     "examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh": (
         "override ' ' is not of the form key=value",
         "`\\ ` before a `#` comment ends the command after 3 overrides and passes ' ', which Hydra refuses too"),
-    "examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh": (
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 x",
-        "a comment line inside the continuation cuts the command before trainer.n_gpus_per_node=8; verl then "
-        "runs on its default 8 GPUs, rlforge's default is 1 process, which TP=2 does not divide"),
     "examples/sglang_multiturn/search_r1_like/run_qwen2.5-3b_instruct_search_multiturn.sh": (
         "actor_rollout_ref.rollout.multi_turn.format='qwen'",
         "search_multiturn_grpo.yaml sets multi_turn.format=qwen; verl registers only the hermes and gpt-oss "
@@ -42,13 +38,22 @@ SCRIPT_FAULTS: dict[str, tuple[str, str]] = {
 }
 """Scripts that fail in verl too, or only because the script is cut short: {script: (error start, why)}."""
 
+NEEDS_GPUS: dict[str, tuple[str, int]] = {
+    # a comment line inside the continuation cuts the command before trainer.n_gpus_per_node=8: verl then runs
+    # on its default 8 GPUs of a node; under verl's defaults rlforge takes the node's visible GPUs
+    # (rlforge.config.world.node_gpus_from_verl_default), so it is accepted on 8 GPUs and refused on this CPU
+    "examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh": (
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 x", 8),
+}
+"""Scripts whose layout needs more GPUs than this machine has: {script: (error start here, GPUs it runs on)}."""
+
 RLFORGE_LIMITS: dict[str, tuple[str, str]] = {}
 # (examples/router_replay/run_qwen30_a3b_megatron_sglang.sh left this list: 3 prompts x n=8 = 24 samples on
 # 48 ranks run in rlforge.config.sharding's replica_samples layout, 3 samples per data-parallel replica)
 """Values verl accepts that rlforge refuses by design: {script: (error start, why)}."""
 
 EXPECTED_REFUSALS = {**{s: (kv + ":", w) for s, (kv, w) in HARDWARE_REFUSALS.items()}, **SCRIPT_FAULTS,
-                     **RLFORGE_LIMITS}
+                     **RLFORGE_LIMITS, **{s: (start, f"needs {n} GPUs") for s, (start, n) in NEEDS_GPUS.items()}}
 
 
 def _outcomes(tmp: Path) -> dict[str, Outcome]:
@@ -65,7 +70,7 @@ def test_fixture_covers_verl_examples() -> None:
     entries = load_fixture()
     assert len(entries) == 126  # scripts under examples/ launching verl.trainer.main_ppo at b178a3c
     assert all(e["overrides"] for e in entries.values())
-    for script in [*HARDWARE_REFUSALS, *SCRIPT_FAULTS, *RLFORGE_LIMITS]:
+    for script in [*HARDWARE_REFUSALS, *SCRIPT_FAULTS, *RLFORGE_LIMITS, *NEEDS_GPUS]:
         assert script in entries, script
 
 
@@ -79,8 +84,24 @@ def test_hardware_and_backend_refusals_are_one_line(script: str, tmp_path: Path)
     assert what in outcome.error and "\n" not in outcome.error
 
 
+@pytest.mark.parametrize("script", sorted(NEEDS_GPUS))
+def test_a_script_that_needs_a_node_is_accepted_on_one(script: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused here (no GPU: one process), accepted where the node's GPUs are visible (verl's default of 8)."""
+    entry = load_fixture()[script]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    start, gpus = NEEDS_GPUS[script]
+    refused = run_entry(entry, set(), set(), tmp_path)
+    assert refused.error is not None and refused.error.startswith(start), refused.error
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(gpus)))
+    assert run_entry(entry, set(), set(), tmp_path).error is None
+
+
 @pytest.mark.e2e  # ~126 config loads: 15-40 s on a busy 2-core machine
-def test_every_verl_example_is_accepted(tmp_path: Path) -> None:
+def test_every_verl_example_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever machine runs it: NEEDS_GPUS are refused
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     outcomes = _outcomes(tmp_path)
     wrong = {}
     for script, o in outcomes.items():

@@ -86,3 +86,30 @@ def test_nnodes_that_disagree_with_the_nodes_torchrun_joined_name_both(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert run_world(load_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=2"])).size == 4
     assert run_world(load_config([])).size == 4  # trainer.nnodes unset: the launcher's shape
+
+
+@pytest.mark.parametrize(("env", "expected"), [("", 0), ("0", 1), ("0,1,2,3", 4), ("0,1,-1,3", 2), ("GPU-ab,GPU-cd", 2)])
+def test_visible_gpus_follows_cuda_visible_devices(monkeypatch, env, expected):
+    from rlforge.config.world import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+    assert visible_gpus() == expected
+
+
+def test_verl_defaults_take_the_nodes_gpus_where_n_gpus_per_node_is_unset(monkeypatch):
+    """verl's n_gpus_per_node=8 means a node's GPUs: under verl's defaults (job None) an unset key becomes the
+    visible count; a user's value, rlforge's own jobs, a launcher and trainer.device=cpu keep theirs."""
+    from rlforge.config import load_config
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert load_config([]).trainer.n_gpus_per_node == 4
+    assert load_config(["trainer.n_gpus_per_node=2"]).trainer.n_gpus_per_node == 2
+    assert load_config([], job="default").trainer.n_gpus_per_node == 1
+    assert load_config(["trainer.device=cpu"]).trainer.n_gpus_per_node == 1
+    assert load_config(["trainer.device=cuda:1"]).trainer.n_gpus_per_node == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert load_config([]).trainer.n_gpus_per_node == 1
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert load_config([]).trainer.n_gpus_per_node == 1
