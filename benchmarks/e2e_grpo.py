@@ -220,6 +220,7 @@ def rlforge_overrides(model: str, wl: Workload, data: Path, reward: Path, run_di
         f"{arr}.model.path={weights if weights else 'preset:' + model}",
         f"{arr}.model.enable_gradient_checkpointing=true",
         f"{arr}.actor.strategy=fsdp2",  # verl's tuning guides' engine; one device runs it on a 1-rank mesh
+        "trainer.n_gpus_per_node=1",  # one process (verl's defaults would take every visible GPU); extras may change it
         f"data.train_files={data}", "data.val_files=null", f"data.train_batch_size={wl.prompts}",
         f"data.max_prompt_length={wl.prompt_len}", f"data.max_response_length={wl.response_len}",
         "data.shuffle=false", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
