@@ -95,9 +95,9 @@ def check_config(overrides: Sequence[str] = (), config_file: str | None = None, 
     used: set[str] = set()
     verdicts = []
     for key in dict.fromkeys(keys):
-        why = [w for w in lines if _names(w, key)]
-        used.update(why)
         canonical = verl_keys.alias_of(key) or _canonical_key(key)
+        why = [w for w in lines if _names(w, canonical)]  # a mapped key: its target's warnings, not its parent's
+        used.update(why)
         if canonical in autos:
             verdicts.append(KeyVerdict(key, AUTO, TUNED))
         elif why:

@@ -76,6 +76,15 @@ def _liger_available() -> bool:
     return liger_available()
 
 
+def _reward_kwargs_left(cfg: Any) -> dict[str, Any]:
+    """``reward_model.reward_kwargs`` less DAPO's ``max_resp_len`` where it equals ``data.max_response_length``
+    (what rlforge's over-long penalty uses as its L_max: nothing is lost)."""
+    kw = dict(cfg.reward_model.reward_kwargs or {})
+    if kw.get("max_resp_len") == cfg.data.max_response_length:
+        kw.pop("max_resp_len")
+    return kw
+
+
 def rollout_tp_honoured(cfg: Any) -> bool:
     from rlforge.config.rollout_tp import honoured
 
@@ -450,8 +459,8 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "{key}={value} is not available in this build; running rlforge's native engine instead "
               "(hf where the model is not Llama/Qwen-family)"),
     LaterWork(f"{_ARR}.rollout.tensor_model_parallel_size", lambda v: v[0] != "native" and v[1] > 1 and not v[2],
-              "{key}={value[1]}: rollout.name={value[0]} runs on rlforge's native engine with one model copy per "
-              "process (1): a size is used where you set it and it divides the world (or with name=native)",
+              "{key}={value[1]}: runs as 1, one model copy per process; rlforge's rollout is tensor parallel at a "
+              "size you set that divides the number of processes",
               lambda c: (c.actor_rollout_ref.rollout.name, c.actor_rollout_ref.rollout.tensor_model_parallel_size,
                          rollout_tp_honoured(c))),
     LaterWork(f"{_ARR}.rollout.gpu_memory_utilization", lambda v: v[0] == "hf" and v[1] != 0.5,
@@ -501,8 +510,10 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "(the built-in rules take no extra keywords); ignored",
               lambda c: (c.custom_reward_function.reward_kwargs, c.custom_reward_function.path)),
     LaterWork("reward_model.reward_kwargs", lambda v: bool(v),
-              "{key}: rlforge's reward managers take no constructor keywords (use "
-              "custom_reward_function.reward_kwargs for the function); ignored"),
+              "{key}={value}: rlforge's reward managers take no constructor keywords (use "
+              "custom_reward_function.reward_kwargs for the function; DAPO's overlong_buffer_cfg is mapped onto the "
+              "over-long penalty keys, and its max_resp_len is data.max_response_length); ignored",
+              lambda c: _reward_kwargs_left(c)),
     LaterWork("reward_model.num_workers", lambda v: v[0] != 0 and v[1] != "prime",
               "{key}={value[0]} only sizes the process pool of reward_model.reward_manager=prime "
               "(this run uses {value[1]}); ignored",

@@ -312,7 +312,30 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
             value = [value]
+        elif takes and isinstance(value, dict):  # a free-form mapping: verl's aliases below it still move
+            assert moved is not None
+            value = _move_aliases(full, value, moved, table, source)
+            if not value:
+                continue
         out[key] = value
+    return out
+
+
+def _move_aliases(full: str, value: dict[str, Any], moved: Moved, table: verl_keys.KeyTable,
+                  source: str) -> dict[str, Any]:
+    """``value`` (a free-form mapping at ``full``) without its verl aliases, each put in ``moved``
+    (``reward_model.reward_kwargs.overlong_buffer_cfg.len`` -> ``reward_model.overlong_buffer.len``)."""
+    out: dict[str, Any] = {}
+    for key, sub in value.items():
+        here = f"{full}.{key}"
+        if (target := table.alias_of(here)) is not None:
+            moved.put(target, sub, here, source)
+        elif isinstance(sub, dict):
+            rest = _move_aliases(here, sub, moved, table, source)
+            if rest or not sub:
+                out[key] = rest
+        else:
+            out[key] = sub
     return out
 
 

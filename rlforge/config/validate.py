@@ -116,6 +116,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_estimator_inputs(cfg)
     _check_rollout_correction(cfg)
     check_async_training(cfg)  # partial rollout (rlforge.config.async_training)
+    _check_rollout_tp(cfg, world.size, world.source)
     lora = _check_lora(cfg)
     _check_multi_turn(cfg)
     check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*
@@ -132,6 +133,17 @@ def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:
         return []
     return [f"trainer.profile_steps={list(t.profile_steps)}: step(s) {late} come after "
             f"trainer.total_training_steps={total} and will not be profiled"]
+
+
+def _check_rollout_tp(cfg: RLForgeConfig, world: int, source: str) -> None:
+    """``rollout.name=native`` with a tensor-parallel size the user set: it must divide the processes (the
+    heads are checked when the engine is built, :func:`rlforge.rollout.native.tensor_parallel.check_tp_size`)."""
+    from rlforge.config.rollout_tp import KEY, rollout_tp_size
+
+    tp = rollout_tp_size(cfg, world)
+    if cfg.actor_rollout_ref.rollout.name == "native" and tp > 1 and world % tp:
+        raise ConfigError(f"{KEY}={tp} does not divide the {world} process(es) of this run ({source}); "
+                          "use a divisor of it, or 1 for one model copy per process")
 
 
 def _check_megatron(cfg: RLForgeConfig, world: int, source: str) -> None:
@@ -349,5 +361,6 @@ def _warnings(cfg: RLForgeConfig) -> list[str]:
         out.append("algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both on: KL is penalised twice")
     for key in (f"{_ARR}.actor.ppo_micro_batch_size", "critic.ppo_micro_batch_size"):
         if get_key(cfg, key) is not None:
-            out.append(f"{key} is deprecated; use {key}_per_gpu (in this single-process build they mean the same)")
+            out.append(f"{key} is deprecated; use {key}_per_gpu (as in verl, the global value is divided by the "
+                       "data-parallel ranks)")
     return out + later_work_warnings(cfg)

@@ -36,6 +36,9 @@ ALIASES: dict[str, str] = {
     "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
     **{f"{role}.fsdp_config.{k}": f"{role}.{k}" for role in (_A, _R) for k in _ROLE_FROM_FSDP},
     **{f"{m}.lora.{k}": f"{m}.{v}" for m in _MODELS for k, v in _LORA.items()},
+    # verl's DAPO scripts hand the over-long penalty to its dapo reward manager as constructor keywords
+    **{f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}": f"reward_model.overlong_buffer.{k}"
+       for k in ("enable", "len", "penalty_factor", "log")},
 }
 """verl key -> rlforge key: the value is set on rlforge's key (``optim.clip_grad`` is the actor's
 ``grad_clip``; the engine configs' ``fsdp_config.*`` role settings are the role's own keys; the nested

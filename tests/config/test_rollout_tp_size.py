@@ -29,6 +29,15 @@ def test_the_warning_names_a_size_that_is_not_used():
     from rlforge.config import validate_config
 
     warned = validate_config(load_config([f"{N}=vllm", f"{K}=4"]))  # world 1: not used
-    assert any(w.startswith(f"{K}=4: rollout.name=vllm") for w in warned), warned
+    assert any(w.startswith(f"{K}=4: runs as 1") for w in warned), warned
     warned = validate_config(load_config([f"{N}=vllm", f"{K}=2", "trainer.n_gpus_per_node=2"]))
     assert not any(w.startswith(f"{K}=") for w in warned), warned
+
+
+def test_native_with_a_size_that_does_not_divide_the_processes_is_one_line():
+    from rlforge.config import validate_config
+    from rlforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{K}=2 does not divide the 1 process\(es\) of this run"):
+        validate_config(load_config([f"{N}=native", f"{K}=2"]))
+    validate_config(load_config([f"{N}=native", f"{K}=2", "trainer.n_gpus_per_node=2"]))

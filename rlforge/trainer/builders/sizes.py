@@ -11,7 +11,8 @@ def per_step_sizes(cfg: Any, world_size: int = 1) -> dict[str, int]:
 
     ``ppo_mini_batch_size`` counts prompts and is multiplied by ``rollout.n``; micro-batch
     sizes count sequences.  An unset micro-batch size means one micro-batch per mini-batch.
-    The deprecated global ``*_micro_batch_size`` keys equal the per-GPU ones on one device.
+    The deprecated global ``*_micro_batch_size`` keys count over all data-parallel ranks: divided by
+    ``world_size``, as verl's workers do (``ppo_micro_batch_size //= world / sp``; at least 1).
     Mini-batches are split evenly over the ``world_size`` data-parallel ranks.
     """
     n = cfg.actor_rollout_ref.rollout.n
@@ -21,18 +22,22 @@ def per_step_sizes(cfg: Any, world_size: int = 1) -> dict[str, int]:
     critic = cfg.critic
     dp = max(1, world_size)
     mini = actor.ppo_mini_batch_size * n // dp
-    micro = actor.ppo_micro_batch_size_per_gpu or actor.ppo_micro_batch_size or mini
+
+    def per_gpu(value: int | None) -> int | None:
+        return max(1, int(value) // dp) if value else None
+
+    micro = actor.ppo_micro_batch_size_per_gpu or per_gpu(actor.ppo_micro_batch_size) or mini
     critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * n // dp
-    critic_micro = critic.ppo_micro_batch_size_per_gpu or critic.ppo_micro_batch_size or critic_mini
+    critic_micro = critic.ppo_micro_batch_size_per_gpu or per_gpu(critic.ppo_micro_batch_size) or critic_mini
     return {
         "actor_mini": mini,
         "actor_micro": micro,
-        "log_prob_micro": rollout.log_prob_micro_batch_size_per_gpu or rollout.log_prob_micro_batch_size or micro,
-        "ref_micro": ref.log_prob_micro_batch_size_per_gpu or ref.log_prob_micro_batch_size or micro,
+        "log_prob_micro": rollout.log_prob_micro_batch_size_per_gpu or per_gpu(rollout.log_prob_micro_batch_size) or micro,
+        "ref_micro": ref.log_prob_micro_batch_size_per_gpu or per_gpu(ref.log_prob_micro_batch_size) or micro,
         "critic_mini": critic_mini,
         "critic_micro": critic_micro,
-        "critic_forward_micro": critic.forward_micro_batch_size_per_gpu or critic.forward_micro_batch_size
-        or critic_micro,
+        "critic_forward_micro": critic.forward_micro_batch_size_per_gpu
+        or per_gpu(critic.forward_micro_batch_size) or critic_micro,
     }
 
 
