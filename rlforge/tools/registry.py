@@ -35,6 +35,20 @@ TOOLS: Registry[type[BaseTool]] = Registry("tool class", "rollout.multi_turn.too
 _METHODS = ("create", "execute", "calc_reward", "release")
 
 
+VERL_TOOLS_NOT_HERE = {
+    "verl.tools.geo3k_tool.Geo3kTool": "verl's tool for geometry problems with images (multi-modal data is not "
+                                       "supported in this build)",
+    "verl.tools.image_zoom_in_tool.ImageZoomInTool": "verl's image tool (multi-modal data is not supported in this "
+                                                     "build)",
+    "verl.tools.search_tool.SearchTool": "verl's client of a retrieval server, which this build has no client for",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "verl's client of an MCP search server, which this build has no "
+                                                "client for",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "verl's client of a SandboxFusion server; rlforge runs model "
+                                                         "code locally in bubblewrap with python_executor",
+}
+"""verl's tool classes with no rlforge counterpart, and why (one line each instead of an import error)."""
+
+
 def resolve_class(name: str, registry: Registry[Any], where: str) -> type:
     """The class registered as ``name``, else the class at dotted path ``name``.
 
@@ -43,6 +57,8 @@ def resolve_class(name: str, registry: Registry[Any], where: str) -> type:
     """
     if name in registry:
         return registry.get(name)
+    if (why := VERL_TOOLS_NOT_HERE.get(str(name))) is not None:
+        raise ConfigError(f"{where}: {name} is {why}; rlforge's tools: {', '.join(registry.names())}")
     mod, _, attr = str(name).rpartition(".")
     cls = None
     if mod:
