@@ -86,3 +86,12 @@ def check_config(cfg: Any) -> None:
     if cfg.algorithm.filter_groups.enable:
         raise ConfigError(f"{key}.partial_rollout=true does not run with algorithm.filter_groups.enable (dynamic "
                           "sampling)")
+    from rlforge.config.world import run_world
+
+    world = run_world(cfg)
+    if world.size > 1:
+        raise ConfigError(f"{key}.partial_rollout=true runs in one process in this build; this run has {world.size} "
+                          f"({world.source})")
+    if float(at.staleness_threshold) > 1:
+        raise ConfigError(f"{key}.staleness_threshold={at.staleness_threshold}: at most 1 in this build (one extra "
+                          "batch of prompt groups queued per step)")

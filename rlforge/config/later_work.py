@@ -509,6 +509,10 @@ LATER_WORK: tuple[LaterWork, ...] = (
               "{key} is passed to the function of custom_reward_function.path, which is not set "
               "(the built-in rules take no extra keywords); ignored",
               lambda c: (c.custom_reward_function.reward_kwargs, c.custom_reward_function.path)),
+    *[LaterWork(f"async_training.{k}", lambda v: not v[0] and v[1] != v[2],
+                "{key}={value[1]} only applies with async_training.partial_rollout=true; ignored",
+                lambda c, k=k, d=d: (c.async_training.partial_rollout, getattr(c.async_training, k), d))
+      for k, d in (("staleness_threshold", 0.0), ("max_version_gap", None), ("stale_mode", "mask"))],
     LaterWork("reward_model.reward_kwargs", lambda v: bool(v),
               "{key}={value}: rlforge's reward managers take no constructor keywords (use "
               "custom_reward_function.reward_kwargs for the function; DAPO's overlong_buffer_cfg is mapped onto the "

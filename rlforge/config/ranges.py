@@ -22,6 +22,11 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "critic.optim.lr": (lambda v: v >= 0, ">= 0"),
     "critic.optim.weight_decay": (lambda v: v >= 0, ">= 0"),
     "critic.optim.lr_warmup_steps_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    **{f"{role}.optim.{k}": rule for role in (f"{_ARR}.actor", "critic") for k, rule in (
+        ("min_lr_ratio", (lambda v: 0 <= v <= 1, "in [0, 1] (the cosine floor as a fraction of the peak lr)")),
+        ("num_cycles", (lambda v: v >= 0, ">= 0 (cosine half-waves over training)")),
+        ("betas", (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1): AdamW's [beta1, beta2]")),
+    )},
     f"{_ARR}.rollout.temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
     f"{_ARR}.rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     f"{_ARR}.rollout.top_k": (lambda v: v == -1 or v >= 0, "-1 (off) or >= 0"),

@@ -242,6 +242,13 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
         _check_positive(key, value)
     if d.max_length < 2:
         raise ConfigError(f"data.max_length={d.max_length}: a sample needs at least 2 tokens")
+    if not 0 <= o.min_lr_ratio <= 1:
+        raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in [0, 1] (the cosine floor as a fraction "
+                          "of the peak lr)")
+    if o.num_cycles < 0:
+        raise ConfigError(f"optim.num_cycles={o.num_cycles}: must be >= 0 (cosine half-waves over training)")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"optim.betas={list(o.betas)}: must be two numbers in [0, 1): AdamW's [beta1, beta2]")
     if d.use_dynamic_bsz and d.max_token_len_per_gpu < d.max_length:
         raise ConfigError(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} is below data.max_length="
                           f"{d.max_length}: a longest sample would not fit one micro-batch; raise it")

@@ -108,6 +108,7 @@ def check_batch_sharding(cfg: Any, world: int, source: str, uses_ref: bool, uses
     """
     lay = batch_layout(cfg, world)
     if lay.mode == "prompts":
+        _check_prompt_minis(cfg, world, source, uses_ref, uses_critic)
         return []
     bs, n, s = lay.num_prompts, lay.n, lay.num_samples
     head = (f"data.train_batch_size={bs} is not divisible by the {world} ranks ({source}), so each rank takes a "
@@ -137,6 +138,23 @@ def check_batch_sharding(cfg: Any, world: int, source: str, uses_ref: bool, uses
         return [f"trainer.balance_batch=True: {head} unevenly (some ranks hold none), and the balancer keeps equal "
                 "row counts per rank; the batch is not balanced (set trainer.balance_batch=False to silence this)"]
     return []
+
+
+def _check_prompt_minis(cfg: Any, world: int, source: str, uses_ref: bool, uses_critic: bool) -> None:
+    """Whole prompts per rank: each mini-batch's ``ppo_mini_batch_size x rollout.n`` samples must split evenly over
+    the data-parallel ranks too (else a rank's share floors: more optimizer steps than asked, or none)."""
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    for key, block, strategy in _roles(cfg, uses_ref, uses_critic):
+        if key == f"{_ARR}.ref":
+            continue
+        dp = data_parallel_size(block, strategy, world)
+        role = "critic" if key == "critic" else f"{_ARR}.actor"
+        mini = _mini(cfg, role)
+        if dp > 1 and (mini * n) % dp:
+            raise ConfigError(f"{role}.ppo_mini_batch_size x {_ARR}.rollout.n = {mini} x {n} = {mini * n} samples per "
+                              f"mini-batch do not divide by the {dp} data-parallel ranks ({source}); a rank's share would be "
+                              f"floored (other optimizer steps than asked); pick a ppo_mini_batch_size whose samples "
+                              f"divide by {dp}")
 
 
 def _mini(cfg: Any, role: str) -> int:

@@ -96,3 +96,17 @@ def test_refusals_are_one_line_naming_the_keys(overrides, start, names):
     assert msg.startswith(start) and "\n" not in msg, msg
     for name in names:
         assert name in msg, msg
+
+
+@pytest.mark.parametrize(("bs", "mini"), [(6, 3), (2, 1)])
+def test_whole_prompts_whose_mini_batch_samples_do_not_split_over_the_ranks_are_one_line(bs, mini):
+    """2 ranks, n=1: 3 (or 1) samples per mini-batch would floor to 1 (or 0) per rank."""
+    from rlforge.config import load_config, validate_config
+    from rlforge.errors import ConfigError
+
+    a = "actor_rollout_ref"
+    cfg = load_config(["trainer.n_gpus_per_node=2", f"data.train_batch_size={bs}", f"{a}.actor.ppo_mini_batch_size={mini}",
+                       f"{a}.rollout.n=1", f"{a}.actor.ppo_micro_batch_size_per_gpu=1",
+                       "algorithm.adv_estimator=reinforce_plus_plus"])
+    with pytest.raises(ConfigError, match=rf"^{a}\.actor\.ppo_mini_batch_size x {a}\.rollout\.n = {mini} x 1"):
+        validate_config(cfg)
