@@ -30,6 +30,12 @@ with ``merge=True`` (``--merge``) a plain Hugging Face model with ``W + scaling 
 A LoRA run's export-only save (``save_contents=[hf_model]`` alone: ``actor/huggingface`` is a peft
 adapter folder) exports only with ``--merge``: the run's base model with the adapter merged in
 (peft's ``merge_and_unload``).
+
+Before anything is read, the checkpoint's files are checked against its ``manifest.json``
+(:func:`rlforge.trainer.manifest.verify_manifest`, as a resume does): a file that does not match, or
+an unreadable manifest, is one error naming it; a checkpoint without one (an older rlforge) exports
+with one warning.  An export-only save (``save_contents=[hf_model]``) has no manifest and is not
+checked.  Whatever the source, an export whose tensors hold NaN or inf is not written.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any
 
 from rlforge.errors import CheckpointError
 from rlforge.file_modes import follow_umask
+from rlforge.trainer.manifest import verify_manifest
 
 # torch is imported inside the functions: the CLI builds this command's parser on every start-up.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -262,8 +269,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         raise CheckpointError(f"--out {out}: exists and is not an empty folder; choose a new folder")
     if adapter is not None:
         tok, model = merge_adapter_folder(adapter, _model_source(ckpt, model_path, tokenizer_path))
-        _write(out, model.to(getattr(torch, dtype)), tok)
+        _check_finite(model.state_dict(), adapter)
+        _check_finite(model.to(getattr(torch, dtype)).state_dict(), adapter, dtype)
+        _write(out, model, tok)
         return ckpt
+    try:  # before anything is read: raises naming the file, or warns when there is no manifest (older rlforge)
+        verify_manifest(ckpt)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; nothing was exported (export an earlier checkpoint, or copy this one "
+                              "again)") from None
     source = _model_source(ckpt, model_path, tokenizer_path)
     part, where = _actor_part(ckpt)
     try:
@@ -287,10 +301,29 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         if merge:
             raise CheckpointError(f"--merge: {ckpt} is not a LoRA checkpoint (it holds the full model already)")
         tok, model = build_model(source, lm_state, where)
-    model.to(getattr(torch, dtype))
     extras = head_state if source["export_log_z"] else {}
+    _check_finite({**model.state_dict(), **{f"log_z_head.{k}": v for k, v in extras.items()}}, where)
+    _check_finite(model.to(getattr(torch, dtype)).state_dict(), where, dtype)
     _write(out, model, tok, plan, extras)
     return ckpt
+
+
+def _check_finite(tensors: dict[str, Any], where: Path, dtype: str | None = None) -> None:
+    """Refuse NaN or inf in ``tensors`` (name -> tensor; a model's ``state_dict``): as read from the
+    checkpoint (``dtype`` None), or after the cast to ``--dtype`` ``dtype`` (out of its range).
+
+    Raises:
+        CheckpointError: one line naming ``where`` and the first tensor with a NaN or inf value.
+    """
+    import torch
+
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            why = ("the checkpoint holds them (corrupted, or a diverged run)" if dtype is None
+                   else f"they appear in --dtype {dtype} (out of its range); export in float32")
+            raise CheckpointError(f"{where}: tensor {name} has {bad} NaN/inf value(s) of {t.numel()}: {why}; "
+                                  "nothing was written")
 
 
 def _adapter_only(checkpoint: str | Path) -> Path | None:

@@ -82,6 +82,7 @@ def test_an_old_checkpoint_without_config_uses_its_hf_model_folder(run_dir, tmp_
     old = tmp_path / "global_step_1"
     shutil.copytree(run_dir / "global_step_1", old)
     (old / "config.yaml").unlink()
+    (old / "manifest.json").unlink()  # an rlforge without config.yaml wrote no manifest either
     assert main(["export", str(old), "--out", str(tmp_path / "a")]) == 0
     shutil.rmtree(old / "actor" / "huggingface")
     assert main(["export", str(old), "--out", str(tmp_path / "b"), "--model-path", "preset:tiny",
@@ -186,3 +187,66 @@ def test_export_of_a_sharded_checkpoint_equals_the_export_of_its_full_state_copy
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
         torch.testing.assert_close(a[k], c[k], atol=0, rtol=0, msg=k)
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    ckpt = tmp_path / "run" / "global_step_1"
+    shutil.copytree(run_dir / "global_step_1", ckpt)
+    shutil.copy(run_dir / "latest_checkpointed_iteration.txt", ckpt.parent)
+    return ckpt
+
+
+def test_flipped_bytes_in_a_shard_fail_the_export_naming_the_file(run_dir, tmp_path, capsys):
+    """Same size, other bytes: only the manifest's SHA-256 sees it; the export is refused before reading."""
+    ckpt = _copy(run_dir, tmp_path)
+    shard = ckpt / "actor" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 4096):
+        data[i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "hf")]) == 2
+    line = _one_error(capsys)
+    assert f"checkpoint {ckpt}: file actor/__0_0.distcp does not match its SHA-256" in line, line
+    assert "nothing was exported" in line
+    assert main(["export", str(ckpt.parent), "--out", str(tmp_path / "hf")]) == 2  # the run folder: same check
+    assert "actor/__0_0.distcp" in _one_error(capsys)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_unreadable_manifest_fails_the_export(run_dir, tmp_path, capsys):
+    ckpt = _copy(run_dir, tmp_path)
+    (ckpt / "manifest.json").write_text('{"format": 1, "files": ')
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "hf")]) == 2
+    assert f"checkpoint {ckpt}: manifest.json is unreadable" in _one_error(capsys)
+    assert not (tmp_path / "hf").exists()
+
+
+def _no_manifest_full_copy(run_dir: Path, tmp_path: Path, name: str, value: float) -> Path:
+    """A checkpoint as an older rlforge wrote it (full format, no manifest) with one element of ``name`` set."""
+    old = tmp_path / "old" / "global_step_1"
+    (old / "actor").mkdir(parents=True)
+    shutil.copy(run_dir / "global_step_1" / "config.yaml", old / "config.yaml")
+    state = saved_model_state(run_dir / "global_step_1")
+    state[name] = state[name].clone()
+    state[name].view(-1)[3] = value
+    torch.save({"model": state, "optimizer": {}, "scheduler": None}, old / "actor" / "state.pt")
+    return old
+
+
+def test_a_checkpoint_without_manifest_exports_with_one_warning_but_never_nan(run_dir, tmp_path, capsys):
+    """No manifest (an older rlforge): one warning, as on resume; a NaN in the weights, or a value out of
+    --dtype float16's range (max 65504), is one error naming the tensor, and nothing is written."""
+    name = sorted(k for k in saved_model_state(run_dir / "global_step_1") if k.endswith("mlp.down_proj.weight"))[0]
+    big = _no_manifest_full_copy(run_dir, tmp_path / "a", name, 1e6)
+    assert main(["export", str(big), "--out", str(tmp_path / "f32")]) == 0  # finite in float32
+    err = capsys.readouterr().err
+    assert err.count("has no manifest.json") == 1 and "cannot be checked" in err, err
+    assert main(["export", str(big), "--out", str(tmp_path / "f16"), "--dtype", "float16"]) == 2
+    line = _one_error(capsys)
+    assert f"tensor {name} has 1 NaN/inf value(s)" in line and "--dtype float16" in line, line
+    nan = _no_manifest_full_copy(run_dir, tmp_path / "b", name, float("nan"))
+    assert main(["export", str(nan), "--out", str(tmp_path / "nan")]) == 2
+    line = _one_error(capsys)
+    assert f"{nan / 'actor' / 'state.pt'}: tensor {name} has 1 NaN/inf value(s)" in line, line
+    assert "checkpoint holds them" in line
+    assert not (tmp_path / "f16").exists() and not (tmp_path / "nan").exists()
