@@ -9,15 +9,15 @@ from rlforge.config import load_config, validate_config
 from rlforge.config.sft import load_sft_config, validate_sft_config
 from rlforge.errors import ConfigError
 
-O = "actor_rollout_ref.actor.optim"
+OPT = "actor_rollout_ref.actor.optim"
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    (f"{O}.betas=[0.9]", "betas=[0.9]: must be two numbers in [0, 1)"),
-    (f"{O}.betas=[1.5,0.9]", "betas=[1.5, 0.9]: must be two numbers"),
-    (f"{O}.betas=[0.9,0.99,0.5]", "betas=[0.9, 0.99, 0.5]: must be two numbers"),
-    (f"{O}.min_lr_ratio=2", "min_lr_ratio=2.0: must be in [0, 1]"),
-    (f"{O}.num_cycles=-1", "num_cycles=-1.0: must be >= 0"),
+    (f"{OPT}.betas=[0.9]", "betas=[0.9]: must be two numbers in [0, 1)"),
+    (f"{OPT}.betas=[1.5,0.9]", "betas=[1.5, 0.9]: must be two numbers"),
+    (f"{OPT}.betas=[0.9,0.99,0.5]", "betas=[0.9, 0.99, 0.5]: must be two numbers"),
+    (f"{OPT}.min_lr_ratio=2", "min_lr_ratio=2.0: must be in [0, 1]"),
+    (f"{OPT}.num_cycles=-1", "num_cycles=-1.0: must be >= 0"),
     ("critic.optim.betas=[0.9]", "critic.optim.betas=[0.9]: must be two"),
 ])
 def test_ppo_optim_ranges(override, message):
