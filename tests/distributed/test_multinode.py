@@ -141,6 +141,9 @@ def test_launchers_that_disagree_on_nnodes_stop_with_one_line_each(tmp_path):
         err = (tmp_path / f"node{n}.err").read_text()
         lines = [line for line in err.splitlines() if line.startswith("rlforge: error: ")]
         assert len(lines) == 1, err[-3000:]
-        assert f"trainer.nnodes={n}, torchrun --nnodes={n}" in lines[0] and endpoint in lines[0], lines[0]
+        # the rendezvous fails (both name the endpoint), or, where the 2-node one closes first and the other joins
+        # it, rlforge's own check names the nodes torchrun joined
+        assert ((f"trainer.nnodes={n}, torchrun --nnodes={n}" in lines[0] and endpoint in lines[0])
+                or f"trainer.nnodes={n}, but torchrun's rendezvous joined" in lines[0]), lines[0]
         assert "Traceback" not in err, err[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
