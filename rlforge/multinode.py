@@ -16,6 +16,7 @@ rendezvous that fails (the launchers disagree on ``--nnodes``, or one never come
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -39,7 +40,8 @@ def add_launch_parser(sub: Any) -> None:
     p.add_argument("--join-timeout", type=int, default=DEFAULT_JOIN_TIMEOUT_S, metavar="S",
                    help=f"seconds to wait for the other nodes (default {DEFAULT_JOIN_TIMEOUT_S})")
     p.add_argument("--slurm", action="store_true", help="print an sbatch script for this job and exit")
-    p.add_argument("--job-name", default="rlforge", help="the SLURM job's name (--slurm)")
+    p.add_argument("--job-name", default=None, help="the SLURM job's name (--slurm; default rlforge): "
+                   "letters, digits, '.', '_' and '-'")
     p.add_argument("--config", dest="config_file", default=None, help="YAML file of config values")
     p.add_argument("--job", default=None, help="embedded job to start from (as for rlforge train)")
     p.add_argument("overrides", nargs="*", help="key=value overrides (as for rlforge train)")
@@ -72,15 +74,58 @@ def rendezvous_message(exc: BaseException, nnodes: int, endpoint: str, join_time
     return f"the rendezvous at {endpoint} failed ({name}: {exc}): {same}"
 
 
+DEFAULT_JOB_NAME = "rlforge"
+"""The SLURM job's name when ``--job-name`` is not given."""
+
+_JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Refuse an ``--rdzv-endpoint`` that is not ``HOST:PORT`` (a host, and a port 1..65535).
+
+    Raises:
+        ConfigError: naming the flag and the value.
+    """
+    host, sep, port = endpoint.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]:PORT
+    if not sep or not host.strip() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT, a host and a port from 1 to 65535 "
+                          "(e.g. node0:29500), the same on every node")
+
+
+def check_launch_flags(args: argparse.Namespace) -> None:
+    """The launcher's own flags checked before torch's launcher (or the SLURM script) sees them.
+
+    Raises:
+        ConfigError: a bad ``--rdzv-endpoint``, ``--max-restarts`` < 0, ``--join-timeout`` <= 0, a
+            ``--job-name`` with characters other than letters, digits, ``.``, ``_``, ``-`` (it goes into
+            the batch script), or ``--job-name`` without ``--slurm``.
+    """
+    if args.rdzv_endpoint is not None:
+        check_endpoint(args.rdzv_endpoint)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.join_timeout <= 0:
+        raise ConfigError(f"--join-timeout must be a number of seconds > 0, got {args.join_timeout}")
+    if args.job_name is not None:
+        if not args.slurm:
+            raise ConfigError("--job-name names the SLURM job and is used only with --slurm; add --slurm or drop it")
+        if not _JOB_NAME.fullmatch(args.job_name):
+            raise ConfigError(f"--job-name {args.job_name!r} may hold only letters, digits, '.', '_' and '-' "
+                              "(it is written into the batch script)")
+
+
 def run_launch(args: argparse.Namespace) -> int:
     """``rlforge launch``: print the SLURM script, or run this node's ranks; the exit status.
 
     Raises:
-        ConfigError: no ``--rdzv-endpoint`` (without ``--slurm``), or a failed rendezvous.
+        ConfigError: a bad flag (:func:`check_launch_flags`), no ``--rdzv-endpoint`` (without ``--slurm``),
+            or a failed rendezvous.
     """
     from rlforge.config import load_config, validate_config
     from rlforge.console_warnings import show_config_warnings
 
+    check_launch_flags(args)
     cfg = load_config(list(args.overrides), config_file=args.config_file, job=None if args.job == "none" else
                       (args.job or "default"))
     show_config_warnings(validate_config(cfg))
@@ -88,7 +133,7 @@ def run_launch(args: argparse.Namespace) -> int:
         from rlforge.slurm import SlurmJob, sbatch_script
 
         t = cfg.trainer
-        print(sbatch_script(SlurmJob(t.nnodes, t.n_gpus_per_node, train_args(args), args.job_name,
+        print(sbatch_script(SlurmJob(t.nnodes, t.n_gpus_per_node, train_args(args), args.job_name or DEFAULT_JOB_NAME,
                                      args.max_restarts)), end="")
         return 0
     if not args.rdzv_endpoint:

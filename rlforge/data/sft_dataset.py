@@ -101,21 +101,40 @@ def _check_messages(value: Any, origin: str, key: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value or not all(isinstance(m, Mapping) and "role" in m for m in value):
         raise DataError(f"{origin}: {key} must be a non-empty list of {{role, content}} messages")
     msgs = [dict(m) for m in value]
+    for i, m in enumerate(msgs):
+        _check_content(m, f"{origin}: {key} message {i} ({m['role']!r})")
     if not any(m["role"] == "assistant" for m in msgs):
         raise DataError(f"{origin}: {key} has no assistant message, so nothing would be trained on")
     return msgs
+
+
+def _check_content(message: Mapping[str, Any], where: str) -> None:
+    """Refuse a message whose ``content`` is missing, null or not text (verl's ``MultiTurnSFTDataset`` takes
+    text only); an assistant message with ``tool_calls`` may leave it out."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return
+    if content is None and message.get("tool_calls"):
+        return
+    got = "has no 'content'" if "content" not in message else (
+        "has a null 'content'" if content is None else f"has a 'content' of type {type(content).__name__} ({content!r:.40})")
+    raise DataError(f"{where} {got}; each message needs its text as a string in 'content'")
 
 
 def row_messages(row: Mapping[str, Any], data_cfg: Any, origin: str) -> list[dict[str, Any]]:
     """The chat of one row: ``messages_key``, else ``prompt_key`` + ``response_key`` (see the module doc).
 
     Raises:
-        DataError: the row has neither form (naming ``origin`` and the keys).
+        DataError: the row has neither form, a message without text ``content``, or a null prompt /
+            response (naming ``origin`` and the key).
     """
     if data_cfg.messages_key in row:
         return _check_messages(row[data_cfg.messages_key], origin, f"data.messages_key={data_cfg.messages_key!r}")
     p, r = data_cfg.prompt_key, data_cfg.response_key
     if p in row and r in row:
+        for value, k, name in ((row[p], p, "data.prompt_key"), (row[r], r, "data.response_key")):
+            if _is_null(value):
+                raise DataError(f"{origin}: column {k!r} ({name}) is null; give it text or drop the row")
         return [{"role": "user", "content": str(row[p])}, {"role": "assistant", "content": str(row[r])}]
     raise DataError(f"{origin}: no column {data_cfg.messages_key!r} (data.messages_key) nor both {p!r} and {r!r} "
                     f"(data.prompt_key, data.response_key); its columns are {sorted(row)}")
@@ -218,7 +237,8 @@ def truncate_sample(sample: SFTSample, max_length: int, mode: str, origin: str) 
     """``sample`` cut to ``max_length`` tokens (``data.truncation``: ``left`` keeps the end, ``right`` the start).
 
     Raises:
-        DataError: ``mode == "error"`` and the sample is longer (naming ``origin`` and the lengths).
+        DataError: ``mode == "error"`` and the sample is longer, or the cut leaves no assistant (loss)
+            token, which verl would train on silently (naming ``origin`` and the lengths).
     """
     n = len(sample.input_ids)
     if n <= max_length:
@@ -227,7 +247,12 @@ def truncate_sample(sample: SFTSample, max_length: int, mode: str, origin: str) 
         raise DataError(f"{origin}: {n} tokens, longer than data.max_length={max_length}; raise data.max_length or "
                         "set data.truncation=left/right")
     cut = slice(n - max_length, n) if mode == "left" else slice(0, max_length)
-    return SFTSample(sample.input_ids[cut], sample.loss_mask[cut])
+    out = SFTSample(sample.input_ids[cut], sample.loss_mask[cut])
+    if not any(out.loss_mask):
+        raise DataError(f"{origin}: {n} tokens cut to data.max_length={max_length} (data.truncation={mode}) leave none "
+                        f"of its {sum(sample.loss_mask)} assistant tokens to train on; raise data.max_length, or set "
+                        "data.truncation=error to find such rows")
+    return out
 
 
 def chat_template_kwargs(chat: SFTChat, data_cfg: Any) -> dict[str, Any]:

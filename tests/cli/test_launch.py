@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rlforge.cli import main
 
 EXPECTED = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "expected.sbatch"
@@ -61,3 +63,46 @@ def test_the_node_runs_the_documented_torchrun_line():
         "--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29500",
         "--rdzv-id", "r1", "--rdzv-conf", "join_timeout=60", "--max-restarts", "1", "-m", "rlforge.cli", "train",
         "--job", "default", "trainer.nnodes=2", "trainer.n_gpus_per_node=4"]
+
+
+BASE = ["trainer.nnodes=2", "trainer.device=cpu", "data.train_files=builtin:arithmetic"]
+
+
+def _one_error_line(capsys, argv):
+    assert main(["launch", *argv, *BASE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlforge: error: "), err
+    return err[0]
+
+
+
+@pytest.mark.parametrize("endpoint", ["node0", "node0:", ":29500", "node0:0", "node0:65536", "node0:http", "node0:-1"])
+def test_a_bad_rendezvous_endpoint_is_one_line(capsys, endpoint):
+    line = _one_error_line(capsys, ["--rdzv-endpoint", endpoint])
+    assert f"--rdzv-endpoint {endpoint!r} must be HOST:PORT" in line and "1 to 65535" in line
+
+
+@pytest.mark.parametrize("endpoint", ["node0:1", "10.0.0.1:65535", "[::1]:29500"])
+def test_good_endpoints_pass_the_check(endpoint):
+    from rlforge.multinode import check_endpoint
+
+    check_endpoint(endpoint)  # no error
+
+
+def test_negative_restarts_and_non_positive_join_timeout_are_one_line(capsys):
+    assert _one_error_line(capsys, ["--slurm", "--max-restarts", "-1"]) == (
+        "rlforge: error: --max-restarts must be 0 or more, got -1")
+    assert _one_error_line(capsys, ["--rdzv-endpoint", "h:29500", "--join-timeout", "0"]) == (
+        "rlforge: error: --join-timeout must be a number of seconds > 0, got 0")
+
+
+@pytest.mark.parametrize("name", ["a\n#SBATCH --time=1", "x;rm -rf ~", "a b", "$(id)", ""])
+def test_a_job_name_that_would_inject_into_the_script_is_refused(capsys, name):
+    line = _one_error_line(capsys, ["--slurm", "--job-name", name])
+    assert "--job-name" in line and "letters, digits" in line
+    assert capsys.readouterr().out == ""  # no script printed
+
+
+def test_job_name_without_slurm_is_one_line(capsys):
+    line = _one_error_line(capsys, ["--rdzv-endpoint", "h:29500", "--job-name", "ok"])
+    assert line == "rlforge: error: --job-name names the SLURM job and is used only with --slurm; add --slurm or drop it"
