@@ -96,7 +96,8 @@ def check_config(overrides: Sequence[str] = (), config_file: str | None = None, 
     verdicts = []
     for key in dict.fromkeys(keys):
         canonical = verl_keys.alias_of(key) or _canonical_key(key)
-        why = [w for w in lines if _names(w, canonical)]  # a mapped key: its target's warnings, not its parent's
+        # a verl alias: only warnings that name it in full (its parent may be a warned free-form block)
+        why = [w for w in lines if (_names(w, key) if canonical == key else _names_exactly(w, key))]
         used.update(why)
         if canonical in autos:
             verdicts.append(KeyVerdict(key, AUTO, TUNED))
@@ -126,6 +127,11 @@ def _written_keys(overrides: Sequence[str]) -> list[str]:
         assert isinstance(tree, dict)
         out += sorted(leaf_keys(tree))
     return out
+
+
+def _names_exactly(line: str, key: str) -> bool:
+    """Whether the warning ``line`` names ``key`` itself."""
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", line) is not None
 
 
 def _names(line: str, key: str) -> bool:
