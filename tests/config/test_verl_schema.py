@@ -151,7 +151,8 @@ def test_role_profilers_follow_the_global_block_as_in_verl():
 def test_aliases_land_on_real_keys():
     for verl, ours in verl_keys.ALIASES.items():
         assert schema.lookup(RLForgeConfig, ours) is not None, (verl, ours)
-        assert schema.lookup(RLForgeConfig, verl) is None, f"{verl} is typed already; drop the alias"
+        typed = schema.lookup(RLForgeConfig, verl)  # below a free-form dict (reward_kwargs) lookup gives Any
+        assert typed is None or typed is Any, f"{verl} is typed already; drop the alias"
     for choices in verl_keys.GROUP_CHOICES.values():
         for settings in choices.values():
             assert all(schema.lookup(RLForgeConfig, k) is not None for k in settings)
