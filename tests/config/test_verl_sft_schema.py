@@ -32,7 +32,7 @@ OLD_NAMES = {old for aliases in SFT_KEY_ALIASES.values() for old in aliases}
 CHOICES = {"data.truncation": "left", "trainer.resume_mode": "disable", "model.strategy": "fsdp", "engine.strategy": "fsdp",
            "optim.lr_scheduler_type": "constant", "optim.lr_scheduler": "constant", "optim.warmup_style": "constant",
            "engine.model_dtype": "bf16", "model.fsdp_config.model_dtype": "bf16", "engine.dtype": "float32",
-           "trainer.logger": ["console", "file"], "trainer.device": "cpu"}
+           "trainer.logger": ["console", "file"], "trainer.device": "cpu", "optim.betas": [0.8, 0.9]}
 """Keys whose values are checked against a list: a valid value other than rlforge's default."""
 
 

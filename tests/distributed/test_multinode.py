@@ -134,6 +134,7 @@ def test_launchers_that_disagree_on_nnodes_stop_with_one_line_each(tmp_path):
     endpoint = f"localhost:{free_port()}"
     nodes = [start("-m", "rlforge.cli", "launch", "--rdzv-endpoint", endpoint, "--join-timeout", "20", *JOB,
                    "trainer.n_gpus_per_node=1", f"trainer.nnodes={n}", "data.train_batch_size=12",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=12",  # 48 samples: split over 2 and 3 ranks alike
                    f"trainer.default_local_dir={tmp_path / 'run'}", log=tmp_path / f"node{n}") for n in (2, 3)]
     codes = finish(nodes, 240)
     assert codes == [2, 2], codes
