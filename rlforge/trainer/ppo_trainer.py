@@ -321,6 +321,7 @@ class PPOTrainer:
                 self.tracker.log(val, step=0)
                 if t.val_only:
                     return val
+            save_s: float | None = None
             while self.global_step < self.job.total_steps:
                 self.global_step += 1
                 with self.perf.step(self.global_step):
@@ -330,12 +331,14 @@ class PPOTrainer:
                     self.global_step % t.test_freq == 0 or is_last
                 ):
                     last.update(self._validate())
+                if save_s is not None:  # the previous step's save, as training saw it
+                    last["timing_s/save_checkpoint"], save_s = save_s, None
+                self.tracker.log(last, step=self.global_step)  # before the save: a crash after it loses no row
+                self.perf.flush()
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or is_last):
                     start = time.perf_counter()
                     self._save()
-                    last["timing_s/save_checkpoint"] = time.perf_counter() - start  # as training sees it
-                self.tracker.log(last, step=self.global_step)
-                self.perf.flush()
+                    save_s = time.perf_counter() - start
             self.checkpointer.close()  # the last save in flight is written and committed before the run ends
         except KeyboardInterrupt:
             if self.rank == 0:
