@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from word_tokenizer import word_tokenizer
 
 from rlforge.config.sft import load_sft_config
 from rlforge.data.sft_dataset import SFTSample, load_chats, tokenize_all, truncate_sample
@@ -22,11 +21,7 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} END {% 
 
 @pytest.fixture(scope="module")
 def tok():
-    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>")
-    fast.chat_template = TEMPLATE
-    return fast
+    return word_tokenizer(WORDS, TEMPLATE)
 
 
 def _load(tmp_path, rows, *overrides):

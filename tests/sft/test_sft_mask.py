@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from word_tokenizer import word_tokenizer
 
 from rlforge.config.sft import load_sft_config
 from rlforge.data.sft_dataset import SFTSample, collate, row_messages, tokenize_chat, truncate_sample
@@ -21,11 +20,7 @@ CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 def tok():
-    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>")
-    fast.chat_template = TEMPLATE
-    return fast
+    return word_tokenizer(WORDS, TEMPLATE)
 
 
 def test_mask_is_one_on_assistant_turns_only(tok):

@@ -9,8 +9,7 @@ import json
 import re
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from word_tokenizer import word_tokenizer
 
 from rlforge.config.sft import load_sft_config
 from rlforge.data.sft_dataset import load_chats, row_enable_thinking, row_tools, tokenize_all
@@ -32,11 +31,7 @@ TOOLS = [{"name": "get_weather", "parameters": {"type": "object"}}, {"name": "ad
 
 @pytest.fixture(scope="module")
 def tok():
-    t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>")
-    fast.chat_template = TEMPLATE
-    return fast
+    return word_tokenizer(WORDS, TEMPLATE)
 
 
 def _write(tmp_path, rows) -> str:
