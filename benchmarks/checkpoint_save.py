@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     ap.add_argument("--out", default="outputs/checkpoint_bench", help="where the checkpoints are written")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each row's checkpoint (default: removed after the row, so a disk that holds one fits)")
     ap.add_argument("--one-row", default=None, help=argparse.SUPPRESS)  # a child process: one row, JSON out
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -143,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(run_row(args.one_row, args.model, args.device, out)), flush=True)
         return 0
     if "WORLD_SIZE" in os.environ:  # under torchrun: the rows in turn, in these processes
-        results = [run_row(r, args.model, args.device, out) for r in args.rows]
+        results = []
+        for row in args.rows:
+            results.append(run_row(row, args.model, args.device, out))
+            if not args.keep and int(os.environ.get("RANK", "0")) == 0:
+                shutil.rmtree(out / row, ignore_errors=True)
         if int(os.environ.get("RANK", "0")) == 0:
             print_table(args.model, args.device, results)
         return 0
@@ -156,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             return res.returncode
         line = next(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
+        if not args.keep:
+            shutil.rmtree(out / row, ignore_errors=True)
     print_table(args.model, args.device, results)
     return 0
 

@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
 #                                                                         backoff auto05a auto15r auto7 shape3 probe7
+#                                                                         rolltp1 ckpt3
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -113,6 +114,12 @@ step_rolltp1() {  # issue 40: the rollout at TP=1 through the tensor-parallel co
       --max-num-batched-tokens 32768 --json /tmp/rolltp1_${t}_$r.json >> "$OUT/rolltp1.txt" 2>&1
   done; done
   cp /tmp/rolltp1_*.json "$OUT"/ 2>/dev/null
+}
+step_ckpt3() {  # issue 40: checkpoint save cost, full-state against DCP (sync, async), 3B full fine-tuning
+  # (7B's 91 GB per checkpoint does not fit this machine's 64 GiB disk; each row's folder is removed after it)
+  df -h /tmp > "$OUT/ckpt3.txt" 2>&1
+  timeout -k 5 ${CKPT3_LIMIT:-400} python3 benchmarks/checkpoint_save.py --model ${CKPT_MODEL:-qwen2.5-3b} \
+    --out /tmp/ckpt-bench >> "$OUT/ckpt3.txt" 2>&1
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for s in ${2:-cuda auto05 mem plan}; do
