@@ -136,12 +136,14 @@ def run_train(overrides: Sequence[str], config_file: str | None, job: str | None
         launched = maybe_launch(cfg, argv)
     if launched is not None:
         return launched
+    from rlforge.engine.distributed import finish_launched_worker
     from rlforge.trainer.ppo_trainer import PPOTrainer
 
     loggers = effective_loggers(cfg)
     trainer = PPOTrainer(cfg, loggers)
     trainer.fit()
     print_summary(cfg, loggers, started, trainer)
+    finish_launched_worker()
     return 0
 
 

@@ -35,17 +35,69 @@ class World:
 
 
 def _check_nodes(nnodes: int) -> None:
-    """``trainer.nnodes``, where set, against the nodes torchrun's rendezvous joined (``GROUP_WORLD_SIZE``).
+    """``trainer.nnodes``, where set, against the nodes torchrun's rendezvous joined (``GROUP_WORLD_SIZE``),
+    and, on several nodes, against every other rank's ``trainer.nnodes`` (:func:`_nnodes_of_every_rank`): a
+    node whose own count matches must still stop when another node's does not, or it would wait for that
+    node's ranks until the process group's timeout.
 
     Raises:
         ConfigError: they differ.
     """
     nodes = os.environ.get("GROUP_WORLD_SIZE", "")
-    if nnodes != TrainerConfig.nnodes and nodes.isdigit() and int(nodes) != nnodes:
+    if not nodes.isdigit():
+        return
+    if int(nodes) > 1:
+        declared = _nnodes_of_every_rank(nnodes)
+        if len(set(declared)) > 1:
+            by_value: dict[int, list[int]] = {}
+            for rank, n in enumerate(declared):
+                by_value.setdefault(n, []).append(rank)
+            seen = "; ".join(f"trainer.nnodes={n} on rank(s) {', '.join(map(str, r))}" for n, r in by_value.items())
+            raise ConfigError(
+                f"trainer.nnodes differs between the nodes torchrun's rendezvous joined ({nodes} node(s), "
+                f"GROUP_WORLD_SIZE={nodes}): {seen}; start every node with the same --nnodes and trainer.nnodes"
+            )
+    if nnodes != TrainerConfig.nnodes and int(nodes) != nnodes:
         raise ConfigError(
             f"trainer.nnodes={nnodes}, but torchrun's rendezvous joined {nodes} node(s) (GROUP_WORLD_SIZE={nodes}); "
             f"start every node with the same --nnodes and trainer.nnodes"
         )
+
+
+_DECLARED: dict[str, list[int]] = {}
+"""Every rank's ``trainer.nnodes``, per torchrun attempt (exchanged once per process)."""
+
+EXCHANGE_TIMEOUT_S = 60.0
+"""How long a rank waits for the others' ``trainer.nnodes`` before it checks its own alone."""
+
+
+def _nnodes_of_every_rank(nnodes: int) -> list[int]:
+    """Each rank's ``trainer.nnodes`` (index = rank), exchanged through torchrun's own store before any
+    process group exists (every rank writes its value, then waits for all).  Where torchrun keeps no agent
+    store, or a rank does not answer within :data:`EXCHANGE_TIMEOUT_S`, only this rank's value."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    if attempt in _DECLARED:
+        return _DECLARED[attempt]
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return [nnodes]
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=EXCHANGE_TIMEOUT_S)
+    try:
+        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                               timeout=timeout)
+        store = dist.PrefixStore(f"rlforge/nnodes/attempt_{attempt}/", client)
+        store.set(str(rank), str(nnodes))
+        keys = [str(r) for r in range(world)]
+        store.wait(keys, timeout)
+        declared = [int(store.get(k)) for k in keys]
+    except Exception:  # noqa: BLE001 - a peer gone or no store: the local check still runs
+        declared = [nnodes]
+    _DECLARED[attempt] = declared
+    return declared
 
 
 def visible_gpus() -> int:

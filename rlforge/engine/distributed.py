@@ -111,6 +111,23 @@ def init_single_process(device: torch.device, timeout: timedelta | None = None) 
     return DistInfo(dist.get_rank(), dist.get_world_size(), device.index or 0, device)
 
 
+def finish_launched_worker() -> None:
+    """End a torchrun worker's job cleanly: every rank meets at a barrier, then the process groups
+    (the default one and every subgroup: rollout TP groups, the checkpointer's gloo group) are
+    destroyed while Python is still running.
+
+    Without it the groups are torn down during interpreter shutdown, and a gloo rank aborts there
+    now and then (``terminate called without an active exception``, exit -6) after a job that
+    succeeded.  torchtitan and verl also destroy the group at the end of training.  Does nothing
+    outside a launcher (``WORLD_SIZE`` unset: an in-process 1-rank group stays for the caller).
+    """
+    if "WORLD_SIZE" not in os.environ or not is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()  # no rank leaves while another still talks to it
+    dist.destroy_process_group()
+
+
 def get_rank() -> int:
     """Global rank; 0 without a process group."""
     return dist.get_rank() if is_initialized() else 0

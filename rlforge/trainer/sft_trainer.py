@@ -282,6 +282,9 @@ def run_sft(overrides: Sequence[str], config_file: str | None = None, print_conf
         shown = ", ".join(f"{k}={v:.4g}" for k, v in last.items()) or "nothing left to train"
         print(f"rlforge sft: {trainer.global_step} steps; {shown}; model {out} "
               f"(rlforge train actor_rollout_ref.model.path={out})", flush=True)
+    from rlforge.engine.distributed import finish_launched_worker
+
+    finish_launched_worker()
     return 0
 
 

@@ -113,3 +113,33 @@ def test_verl_defaults_take_the_nodes_gpus_where_n_gpus_per_node_is_unset(monkey
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert load_config([]).trainer.n_gpus_per_node == 1
+
+
+def test_a_node_whose_count_matches_still_stops_when_another_nodes_differs(monkeypatch):
+    """The race of two launchers with --nnodes 2 and 3: the 2-node rendezvous closes with both.  The node
+    of trainer.nnodes=2 sees GROUP_WORLD_SIZE=2 (its own count) and must still stop, from the other rank's
+    value in torchrun's store, rather than wait for that rank in the process group."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import rlforge.config.world as world
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10))
+    dist.PrefixStore("rlforge/nnodes/attempt_0/", store).set("1", "3")  # rank 1, the other node: trainer.nnodes=3
+    monkeypatch.setattr(world, "_DECLARED", {})
+    for key, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": "0", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=r"trainer.nnodes differs between the nodes torchrun's rendezvous joined "
+                       r"\(2 node\(s\), GROUP_WORLD_SIZE=2\): trainer.nnodes=2 on rank\(s\) 0; trainer.nnodes=3 on "
+                       r"rank\(s\) 1; start every node"):
+        run_world(load_config(["trainer.nnodes=2"]))
+    # the same ranks agreeing: the world is the launcher's
+    monkeypatch.setattr(world, "_DECLARED", {})
+    dist.PrefixStore("rlforge/nnodes/attempt_0/", store).set("1", "2")
+    assert run_world(load_config(["trainer.nnodes=2"])).size == 2

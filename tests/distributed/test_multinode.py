@@ -143,8 +143,10 @@ def test_launchers_that_disagree_on_nnodes_stop_with_one_line_each(tmp_path):
         lines = [line for line in err.splitlines() if line.startswith("rlforge: error: ")]
         assert len(lines) == 1, err[-3000:]
         # the rendezvous fails (both name the endpoint), or, where the 2-node one closes first and the other joins
-        # it, rlforge's own check names the nodes torchrun joined
+        # it, rlforge's own check names each rank's trainer.nnodes on both nodes (the 2-node one must not wait)
         assert ((f"trainer.nnodes={n}, torchrun --nnodes={n}" in lines[0] and endpoint in lines[0])
-                or f"trainer.nnodes={n}, but torchrun's rendezvous joined" in lines[0]), lines[0]
+                or ("trainer.nnodes differs between the nodes torchrun's rendezvous joined (2 node(s)" in lines[0]
+                    and "trainer.nnodes=2 on rank(s)" in lines[0] and "trainer.nnodes=3 on rank(s)" in lines[0])
+                ), lines[0]
         assert "Traceback" not in err, err[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
