@@ -17,6 +17,8 @@ The stage table, per stage, over the training steps (rows with ``timing_s/step``
   kernel ran (NVML's utilisation is the fraction of time a kernel was running).
 
 ``other`` is the step time that no stage covers (batch balancing, metrics, weight sync).
+A run with partial rollout or rollout correction also gets an off-policy section (the staleness
+metrics and the version-gap histogram, :mod:`rlforge.perf.off_policy`).
 A resumed run appends to ``metrics.jsonl``; for a step logged twice the last line wins.
 """
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlforge.errors import RLForgeError
+from rlforge.perf.off_policy import off_policy_section
 from rlforge.perf.run_data import OUTSIDE_STAGES, STEP_STAGES, RunData, load_run
 from rlforge.perf.torch_trace import render_markdown as render_torch_trace
 
@@ -140,7 +143,7 @@ def render_markdown(run: RunData, plots: list[tuple[str, str | None, str]]) -> s
               "| stage | mean s/step | share | GPU util % | GPU idle s/step |", "|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r.stage} | {fmt(r.mean_s)} | {fmt(r.share, pct=True)} | {fmt(r.gpu_util)} | {fmt(r.idle_s)} |")
-    lines += ["", "## Plots", ""]
+    lines += ["", *off_policy_section(run.rows), "## Plots", ""]
     for title, name, note in plots:
         lines += [f"### {title}", "", f"![{title}]({name})" if name else f"Skipped: {note}", ""]
         if name and note:

@@ -172,3 +172,10 @@ def test_partial_rollout_run_resumes_its_pool(tmp_path):
     assert len(pool) >= 2  # the over-provisioned groups were saved
     rows = _run(tmp_path, *extra, "trainer.total_training_steps=4", "trainer.resume_mode=auto")
     assert [r["step"] for r in rows][-2:] == [3, 4]
+    # `rlforge perf report` shows the staleness: the mean off-policy share over the 4 steps the run logged
+    from rlforge.perf.report import write_report
+
+    report = write_report(tmp_path).read_text()
+    fracs = [r["fully_async/staleness/off_policy_token_frac"] for r in rows]
+    assert f"| `fully_async/staleness/off_policy_token_frac` | {sum(fracs) / len(fracs):.4g} | {max(fracs):.4g} |" \
+        in report, report
