@@ -42,8 +42,10 @@ Response lengths (``--lengths``): ``fixed`` (the default, as before) lets only a
 (``benchmarks/longtail.py``: mean 0.37 x and 5 % of the responses at ``--response-len``, after DeepScaleR's
 8K stage; seeded per prompt x sample, so every setup gets the same lengths) and imposed by the benchmark
 alone through the native engine's test hook ``RLFORGE_TEST_RESPONSE_LENGTHS`` (an EOS forced at the drawn
-length, :mod:`rlforge.rollout.native.forced_eos`); it needs ``--rlforge-rollout native`` and ``--skip-trl``
-(TRL has no such hook here yet).
+length, :mod:`rlforge.rollout.native.forced_eos`) for rlforge, and through a logits processor on ``generate``
+for TRL (``longtail.ForcedLengths``: the same length for the same prompt ids and sample index; checked
+against the native engine in ``tests/benchmarks/test_longtail.py``).  It needs ``--rlforge-rollout native``,
+and TRL variants on plain ``generate`` (not ``trl-cb``).
 
 EOS: nothing stops a response at EOS except sampling it.  A random-weight model samples each
 of the tokenizer's EOS ids with probability about 1/vocab per token, so about 1-2 % of the
@@ -430,6 +432,10 @@ def trl_worker(model_name: str, wl: Workload, data: Path, out: Path, tokenizer: 
 
     tok = load_tokenizer(f"preset:{model_name}", tokenizer)
     model = load_causal_lm(str(weights) if weights else f"preset:{model_name}", tok, seed=0)  # fp32, as rlforge
+    if wl.lengths == "lognormal":  # the lengths rlforge's rows get (length_env), on TRL's generate
+        from longtail import generate_with_lengths
+
+        generate_with_lengths(model, tok.eos_token_id, tok.pad_token_id, wl.response_len, seed=0)
     if wl.beta > 0:  # TRL builds its reference model from config._name_or_path
         ref_dir = out / f"trl_ref_{model_name}"
         model.save_pretrained(ref_dir)
@@ -779,9 +785,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.token_budget < args.prompt_len + args.response_len:
         p.error(f"--token-budget {args.token_budget} is below one sequence (--prompt-len + --response-len = "
                 f"{args.prompt_len + args.response_len})")
-    if args.lengths == "lognormal" and (not args.skip_trl or args.rlforge_rollout != "native"):
-        p.error("--lengths lognormal imposes lengths through the native engine's test hook: add --skip-trl and keep "
-                "--rlforge-rollout native")
+    if args.lengths == "lognormal" and args.rlforge_rollout != "native":
+        p.error("--lengths lognormal imposes lengths through the native engine's test hook: keep --rlforge-rollout "
+                "native")
+    if args.lengths == "lognormal" and not args.skip_trl and "trl-cb" in args.trl_variants.split(","):
+        p.error("--lengths lognormal imposes TRL's lengths on plain generate: drop trl-cb from --trl-variants")
     if len(set(args.models)) != len(args.models):
         p.error(f"--models lists a model twice: {args.models}")
     unknown = [m for m in args.models if m.removeprefix("preset:") not in PRESETS]

@@ -166,3 +166,61 @@ def response_length(prompt_ids: list[int], sample_index: int) -> int:
 
     return drawn_length(prompt_ids, sample_index, int(os.environ["LONGTAIL_MAX_LEN"]),
                         int(os.environ.get("LONGTAIL_SEED", "0")))
+
+
+class ForcedLengths:
+    """A ``transformers`` logits processor that imposes :func:`drawn_length` on one ``model.generate`` call, as
+    the native engine's hook (:mod:`rlforge.rollout.native.forced_eos`) does for rlforge, so that TRL's rows
+    of ``e2e_grpo.py --lengths lognormal`` get the same lengths: row ``r``'s ``L``-th new token is forced to
+    ``eos_id`` (every other logit -inf), ``L = drawn_length(prompt ids of r, sample index of r, max_len,
+    seed)``.  The prompt ids are the row's ``input_ids`` at the first call, without the left padding
+    (``pad_id``); the sample index is the row's rank among the rows with the same prompt (TRL repeats each
+    prompt ``num_generations`` times in a generation batch).  One instance per ``generate`` call
+    (:func:`generate_with_lengths`).  ``__call__(input_ids (batch, seq) int64, scores (batch, vocab) float)``.
+    """
+
+    def __init__(self, eos_id: int, pad_id: int, max_len: int, seed: int = 0) -> None:
+        self.eos_id, self.pad_id, self.max_len, self.seed = eos_id, pad_id, max_len, seed
+        self.start: int | None = None
+        self.lengths: list[int] = []
+
+    def _begin(self, input_ids) -> None:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from rlforge.rollout.native.forced_eos import sample_indices
+
+        prompts = []
+        for row in input_ids.tolist():
+            i = 0
+            while i < len(row) and row[i] == self.pad_id:
+                i += 1
+            prompts.append(row[i:])
+        self.start = input_ids.shape[1]
+        self.lengths = [drawn_length(p, j, self.max_len, self.seed)
+                        for p, j in zip(prompts, sample_indices(prompts, None), strict=True)]
+
+    def __call__(self, input_ids, scores):
+        if self.start is None:
+            self._begin(input_ids)
+        new = input_ids.shape[1] - self.start  # tokens generated so far
+        for r, length in enumerate(self.lengths):
+            if new == length - 1:
+                scores[r, :] = float("-inf")
+                scores[r, self.eos_id] = 0.0
+        return scores
+
+
+def generate_with_lengths(model, eos_id: int, pad_id: int, max_len: int, seed: int = 0) -> None:
+    """Make ``model.generate`` impose :class:`ForcedLengths` (a fresh one per call) on every call."""
+    from transformers import LogitsProcessorList
+
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        procs = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+        procs.append(ForcedLengths(eos_id, pad_id, max_len, seed))
+        return original(*args, logits_processor=procs, **kwargs)
+
+    model.generate = generate

@@ -93,3 +93,41 @@ def test_response_length_hook_reads_the_environment(monkeypatch):
     monkeypatch.setenv("LONGTAIL_MAX_LEN", "64")
     monkeypatch.setenv("LONGTAIL_SEED", "2")
     assert longtail.response_length([1, 2], 0) == longtail.drawn_length([1, 2], 0, 64, seed=2)
+
+
+def test_hf_generate_gets_the_same_lengths_as_the_native_engine(tiny_model, tiny_tokenizer, monkeypatch) -> None:
+    """TRL's rows of ``e2e_grpo.py --lengths lognormal`` (HF ``generate`` + :class:`ForcedLengths`) end at the
+    lengths the native engine's hook gives rlforge's rows for the same prompts and sample indices."""
+    import torch
+
+    from rlforge.batch import Batch
+    from rlforge.rollout import SamplingParams
+    from rlforge.rollout.native import NativeRollout
+    from rlforge.rollout.native.forced_eos import ENV
+
+    max_len, n = 24, 3
+    prompts = [[5, 9, 13], [7, 8, 100, 200, 3]]
+    monkeypatch.setenv(ENV, f"{_PATH}:response_length")
+    monkeypatch.setenv("LONGTAIL_MAX_LEN", str(max_len))
+    eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
+    rows = [p for p in prompts for _ in range(n)]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in rows])[:, None]).long()
+    expected = [longtail.drawn_length(p, j % n, max_len) for j, p in enumerate(rows)]
+    assert len(set(expected)) > 2  # the lengths differ (the check could fail)
+
+    native = NativeRollout(tiny_model, [eos], pad, torch.device("cpu"), progress=False, seed=0)
+    native.generate(Batch.from_dict({"input_ids": ids, "attention_mask": mask}, {}),
+                    SamplingParams(do_sample=True, max_new_tokens=max_len))
+    assert [len(s.output_ids) for s in native.last_sequences] == expected
+
+    longtail.generate_with_lengths(tiny_model, eos, pad, max_len)
+    try:
+        out = tiny_model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=max_len,
+                                  eos_token_id=eos, pad_token_id=pad)
+    finally:
+        del tiny_model.generate  # the fixture's model is shared: back to the class's generate
+    new = out[:, width:].tolist()
+    lengths = [next((i + 1 for i, t in enumerate(r) if t == eos), len(r)) for r in new]
+    assert lengths == expected

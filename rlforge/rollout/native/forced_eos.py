@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def length_hook() -> LengthFn | None:
     mod_spec = importlib.util.spec_from_file_location(f"_rlforge_length_hook_{Path(path).stem}", path)
     assert mod_spec is not None and mod_spec.loader is not None
     module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module  # before running it: a dataclass in the file looks its module up there
     mod_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):
