@@ -25,6 +25,7 @@ ignored anywhere.
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from collections.abc import Sequence
 from importlib import resources
@@ -219,12 +220,27 @@ def _job_path(job: str) -> Path:
     return path
 
 
+_FLOW_KEY = re.compile(r"([{,]\s*)([A-Za-z_$][\w$\-]*)\s*:(?=\S|$)")
+"""A dict key right after ``{`` or ``,`` followed by ``:`` and no space (Hydra's ``{a:1}``)."""
+
+
+def hydra_flow_value(value: str) -> str:
+    """``value`` with a space after each dict key's colon outside quotes, so that YAML reads Hydra's
+    ``{enable_thinking:false}`` as Hydra does (``{'enable_thinking': False}``), not as the key
+    ``'enable_thinking:false'`` with a null value.  Values that are no dict or list come back unchanged."""
+    if not value.lstrip().startswith(("{", "[")):
+        return value
+    parts = re.split(r"""('[^']*'|"[^"]*")""", value)  # odd indices: quoted strings, left alone
+    return "".join(p if i % 2 else _FLOW_KEY.sub(r"\1\2: ", p) for i, p in enumerate(parts))
+
+
 def _parse_override(override: str) -> dict[str, Any]:
     text = override.strip()
     body = text.lstrip("+")
-    key, sep, _ = body.partition("=")
+    key, sep, value = body.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override '{override}' is not of the form key=value (e.g. data.train_batch_size=8)")
+    body = f"{key}={hydra_flow_value(value)}"
     try:
         parsed = OmegaConf.to_container(OmegaConf.from_dotlist([body]), resolve=False)
     except Exception as e:

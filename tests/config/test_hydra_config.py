@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import user_error
+from omegaconf import OmegaConf
 
 from rlforge.config import ConfigWarning, load_config
 from rlforge.config.user_keys import user_keys
@@ -290,3 +291,17 @@ def test_delete_of_what_is_not_there_warns(override, fragment) -> None:
 def test_malformed_delete() -> None:
     with pytest.raises(ConfigError, match=r"not of the form ~key"):
         load_config(["~"])
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("{enable_thinking:false}", {"enable_thinking": False}),
+    ("{enable_thinking: false}", {"enable_thinking": False}),
+    ("{a:1,b:{c:x}}", {"a": 1, "b": {"c": "x"}}),
+    ("{a:'x:y', b:\"1,c:2\"}", {"a": "x:y", "b": "1,c:2"}),  # quoted values kept as written
+])
+def test_hydra_dict_values_without_spaces_read_as_hydra_reads_them(value, expected):
+    """Hydra's grammar reads ``{a:1}`` as ``{'a': 1}``; YAML alone would read the key ``'a:1'`` with a null value,
+    so a verl command line's ``data.apply_chat_template_kwargs={enable_thinking:false}`` would be lost."""
+    cfg = load_config([f"data.apply_chat_template_kwargs={value}"])
+    got = cfg.data.apply_chat_template_kwargs
+    assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == expected
