@@ -18,7 +18,7 @@ from typing import Any
 
 from rlforge.config import registry_names as names
 from rlforge.config.actor import ActorConfig
-from rlforge.config.algorithm import PFPPOConfig
+from rlforge.config.algorithm import AlgorithmConfig, PFPPOConfig
 from rlforge.config.common import (
     CheckpointConfig,
     FSDPConfig,
@@ -259,6 +259,21 @@ def _block_row(node: str, default: Any, why: str, when: Callable[[Any], bool] = 
         return [f"{k}={get_key(c, k)}" for k in keys if k.rpartition(".")[2] not in skip]
 
     return LaterWork(node, bool, "{value_list}: " + why + "; ignored", changed)
+
+
+_ESTIMATORS = frozenset({"gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline",
+                         "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
+                         "tir_optimal_token_baseline"})
+"""rlforge's own advantage estimators (a user-registered one may read ``gamma``/``lam``: not warned)."""
+
+
+def _kl_reward_keys_unused(c: Any) -> list[str]:
+    """``algorithm.kl_ctrl.*`` / ``algorithm.kl_penalty`` set away from their defaults with the in-reward KL off."""
+    if c.algorithm.use_kl_in_reward:
+        return []
+    keys = _changed_leaves(c.algorithm.kl_ctrl, AlgorithmConfig().kl_ctrl, "algorithm.kl_ctrl", c)
+    keys += ["algorithm.kl_penalty"] if c.algorithm.kl_penalty != AlgorithmConfig().kl_penalty else []
+    return [f"{k}={get_key(c, k)}" for k in keys]
 
 
 def _critic_keys_without_critic(c: Any) -> list[str]:
@@ -530,6 +545,18 @@ LATER_WORK: tuple[LaterWork, ...] = (
     *_fsdp_rows("critic.model.fsdp_config", "critic.strategy"),
     LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
               "{key}=True: the reference policy has no optimizer; ignored"),
+    *[LaterWork(f"algorithm.{k}", lambda v, r=readers: v[0] != v[1] and v[2] in _ESTIMATORS and v[2] not in r,
+                "{key}={value[0]} is read only by algorithm.adv_estimator=" + " / ".join(readers)
+                + " (this run: {value[2]}); ignored",
+                lambda c, k=k, d=d: (getattr(c.algorithm, k), d, c.algorithm.adv_estimator))
+      for k, d, readers in (("gamma", 1.0, ("gae", "reinforce_plus_plus")), ("lam", 1.0, ("gae",)))],
+    *[LaterWork(f"{_ARR}.actor.{k}", lambda v: not v[0] and v[1] != v[2],
+                "{key}={value[1]} only applies with actor_rollout_ref.actor.use_kl_loss=true; ignored",
+                lambda c, k=k: (c.actor_rollout_ref.actor.use_kl_loss, getattr(c.actor_rollout_ref.actor, k),
+                                getattr(ActorConfig(), k)))
+      for k in ("kl_loss_coef", "kl_loss_type")],
+    LaterWork("algorithm.kl_ctrl", bool, "{value_list}: only applies with algorithm.use_kl_in_reward=true; ignored",
+              _kl_reward_keys_unused),
     LaterWork("critic", bool,
               "{value_list}: this run trains no critic (critic.enable, or algorithm.adv_estimator=gae, turns one "
               "on); ignored", _critic_keys_without_critic),
