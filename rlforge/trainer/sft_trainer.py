@@ -30,6 +30,7 @@ checkpoint (or with ``resume_from_path``) goes on from it: :mod:`rlforge.trainer
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -176,8 +177,9 @@ class SFTTrainer:
         out = self.engine.train_step(batch, sft_loss_fn(self.log_probs_fn), micro, budget)
         lr = self.engine.lr
         self.engine.lr_scheduler_step()
-        return {"train/loss": float(out.get("train/loss", 0.0)), "train/grad_norm": float(out["grad_norm"]),
-                "train/lr": lr}
+        loss, grad_norm = float(out.get("train/loss", 0.0)), float(out["grad_norm"])
+        _check_finite(step, loss, grad_norm, lr, self.rank)
+        return {"train/loss": loss, "train/grad_norm": grad_norm, "train/lr": lr}
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -265,6 +267,23 @@ def _yaml(cfg: SFTConfig) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _check_finite(step: int, loss: float, grad_norm: float, lr: float, rank: int) -> None:
+    """A non-finite gradient norm: the engine skipped this step's optimizer update (as verl's SFT trainer
+    does); rank 0 says so.  A non-finite loss: the weights or the data no longer give a number, and every
+    later step would be skipped too.
+
+    Raises:
+        RLForgeError: the loss is NaN or infinite (names the step and ``optim.lr``).
+    """
+    if not math.isfinite(loss):
+        raise RLForgeError(f"step {step}: the SFT loss is {loss} (the weights no longer give finite log-probs; "
+                           f"optim.lr={lr:g} may be too high, or a row's tokens are out of the model's range); "
+                           "stopped before saving a broken model")
+    if not math.isfinite(grad_norm) and rank == 0:
+        print(f"rlforge sft: warning: step {step}: the gradient norm is {grad_norm}; this step's optimizer update "
+              f"was skipped (lower optim.lr={lr:g} or optim.clip_grad if this repeats)", file=sys.stderr, flush=True)
 
 
 def run_sft(overrides: Sequence[str], config_file: str | None = None, print_config: bool = False) -> int:

@@ -64,3 +64,22 @@ def test_rlforge_train_takes_the_folder(run, tmp_path):
                f"trainer.default_local_dir={tmp_path}"])
     assert rc == 0
     assert (tmp_path / "metrics.jsonl").is_file()
+
+
+def test_a_skipped_update_is_said_and_a_nan_loss_stops(capsys):
+    """verl's SFT trainer skips the optimizer update of a step whose gradient norm is not finite; rlforge
+    does too, and says so on rank 0.  A NaN loss stops the run with one line."""
+    import math
+
+    from rlforge.errors import RLForgeError
+    from rlforge.trainer.sft_trainer import _check_finite
+
+    _check_finite(3, 1.5, 2.0, 1e-5, 0)
+    assert capsys.readouterr().err == ""
+    _check_finite(3, 1.5, math.nan, 1e-5, 0)
+    assert capsys.readouterr().err == ("rlforge sft: warning: step 3: the gradient norm is nan; this step's optimizer "
+                                       "update was skipped (lower optim.lr=1e-05 or optim.clip_grad if this repeats)\n")
+    _check_finite(3, 1.5, math.inf, 1e-5, 1)  # another rank: rank 0 speaks
+    assert capsys.readouterr().err == ""
+    with pytest.raises(RLForgeError, match=r"^step 4: the SFT loss is nan .*optim.lr=0.1 "):
+        _check_finite(4, math.nan, math.nan, 0.1, 0)
