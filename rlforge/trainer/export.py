@@ -98,6 +98,10 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"{path}: no such file or folder ({_NOT_A_CHECKPOINT})")
     if _has_actor(p):
         return p
+    sft = _sft_model(p)
+    if sft is not None:
+        raise CheckpointError(f"{path} is an SFT run's checkpoint, whose Hugging Face folder needs no export: load "
+                              f"{sft} as it is (rlforge train actor_rollout_ref.model.path={sft})")
     tracker = p / TRACKER
     if tracker.is_file():
         step = tracker.read_text().strip()
@@ -118,6 +122,17 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"{path} holds only the policy's Hugging Face folder (save_contents=[hf_model]), "
                               f"which needs no export: load {hf} as it is")
     raise CheckpointError(f"{path}: not an rlforge checkpoint ({_NOT_A_CHECKPOINT})")
+
+
+def _sft_model(p: Path) -> Path | None:
+    """The model folder of an SFT checkpoint (``rlforge sft``: ``global_step_N/huggingface``, no ``actor/``), of
+    the ``global_step_N`` folder ``p`` or of the run folder ``p``'s latest checkpoint; None otherwise."""
+    tracker = p / TRACKER
+    step = tracker.read_text().strip() if tracker.is_file() else ""
+    for folder in (p, p / f"global_step_{step}") if step else (p,):
+        if (folder / "huggingface" / "config.json").is_file() and not (folder / "actor").exists():
+            return folder / "huggingface"
+    return None
 
 
 def _exported_folder(p: Path) -> Path | None:

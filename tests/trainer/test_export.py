@@ -250,3 +250,19 @@ def test_a_checkpoint_without_manifest_exports_with_one_warning_but_never_nan(ru
     assert f"{nan / 'actor' / 'state.pt'}: tensor {name} has 1 NaN/inf value(s)" in line, line
     assert "checkpoint holds them" in line
     assert not (tmp_path / "f16").exists() and not (tmp_path / "nan").exists()
+
+
+def test_an_sft_run_is_pointed_at_its_model_folder(tmp_path, capsys):
+    """``rlforge sft`` writes ``global_step_N/huggingface`` (no ``actor/``): export says that folder needs no
+    export and names it, for the run folder and for the step folder alike."""
+    step = tmp_path / "global_step_2"
+    (step / "huggingface").mkdir(parents=True)
+    (step / "huggingface" / "config.json").write_text("{}")
+    (step / "trainer_state.pt").write_bytes(b"")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    for given in (tmp_path, step):
+        assert main(["export", str(given), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"rlforge: error: {given} is an SFT run's checkpoint, whose Hugging Face folder needs no "
+                       f"export: load {step / 'huggingface'} as it is (rlforge train "
+                       f"actor_rollout_ref.model.path={step / 'huggingface'})\n")
