@@ -222,13 +222,37 @@ def load_tokenizer(path: str, tokenizer_path: str | None = None, key: str = "act
     return tok
 
 
-def _config_for(src: ModelSource, tokenizer: PreTrainedTokenizerBase, override: dict[str, Any]) -> Any:
+def _config_for(src: ModelSource, tokenizer: PreTrainedTokenizerBase, override: dict[str, Any],
+                key: str = "actor_rollout_ref.model.path") -> Any:
     if src.kind == "preset":
-        return preset_config(src.location, len(tokenizer), override)
-    cfg = AutoConfig.from_pretrained(_hf_folder(src))
-    for k, v in override.items():
-        setattr(cfg, k, v)
+        cfg = preset_config(src.location, len(tokenizer), override)
+    else:
+        cfg = AutoConfig.from_pretrained(_hf_folder(src))
+        for k, v in override.items():
+            setattr(cfg, k, v)
+    _warn_unknown_overrides(cfg, override, key)
     return cfg
+
+
+def _warn_unknown_overrides(cfg: Any, override: dict[str, Any], key: str) -> None:
+    """An ``override_config`` entry that the model's config class does not define is set as given (as verl
+    does), but nothing in the model may read it: a misspelt name would change nothing.  Warn by name."""
+    import difflib
+    import warnings
+
+    from rlforge.errors import RLForgeWarning
+
+    try:
+        reference = type(cfg)()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare with
+        return
+    known = [a for a in dir(reference) if not a.startswith("_")]
+    for name in override:
+        if name != "num_labels" and not hasattr(reference, name):
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.warn(f"{key.rpartition('.')[0]}.override_config.{name}: {type(cfg).__name__} has no such "
+                          f"setting{hint}; set as given, but the model may not read it", RLForgeWarning, stacklevel=3)
 
 
 def model_config(path: str, tokenizer: PreTrainedTokenizerBase, override_config: dict[str, Any] | None = None,
@@ -242,7 +266,7 @@ def model_config(path: str, tokenizer: PreTrainedTokenizerBase, override_config:
     src = resolve_source(path, key)
     override = dict(override_config or {})
     with _as_model_error(key, path, "read a model config from"):
-        return _config_for(src, tokenizer, override)
+        return _config_for(src, tokenizer, override, key)
 
 
 def load_causal_lm(
@@ -266,7 +290,7 @@ def load_causal_lm(
     override = dict(override_config or {})
     attn = override.pop("attn_implementation", None)
     with _as_model_error(f"{key} (with {key.rsplit('.', 1)[0]}.override_config={override})", path, "build a model from"):
-        cfg = _config_for(src, tokenizer, override)
+        cfg = _config_for(src, tokenizer, override, key)
         if src.kind == "preset":
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -314,7 +338,7 @@ def load_value_model(
     override["num_labels"] = 1
     attn = override.pop("attn_implementation", None)
     with _as_model_error(key, path, "build a value model from"), torch.random.fork_rng(devices=[]):
-        cfg = _config_for(src, tokenizer, override)
+        cfg = _config_for(src, tokenizer, override, key)
         cfg.classifier_dropout = 0.0
         torch.manual_seed(seed)
         if src.kind == "preset":
