@@ -17,7 +17,9 @@ Override grammar (Hydra's, as verl command lines use it; https://hydra.cc/docs/a
 
 The Hydra config and a ``--config`` file may carry a ``defaults:`` list: resolved by
 :mod:`rlforge.config.hydra_compose` against rlforge's built-in groups (verl's).  Values are parsed
-as YAML by OmegaConf (``null``, ``1e-6``, ``true``, ``[console,file]``).  Aliases:
+as YAML by OmegaConf (``null``, ``1e-6``, ``true``, ``[console,file]``); a dict value written as Hydra
+writes it, ``{enable_thinking:false}`` (no space after the colon), reads as Hydra reads it
+(:func:`hydra_flow_value`).  Aliases:
 ``optim.warmup_style`` (older verl) sets ``optim.lr_scheduler_type``.  Hydra's ``_target_`` keys are
 ignored anywhere.
 """
