@@ -95,6 +95,10 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, Any]], origin: str,
     return SFTSample(ids, mask)
 
 
+ROLES = ("system", "user", "assistant", "tool")
+"""The chat roles a row may use (the RL data's, :mod:`rlforge.data.dataset`)."""
+
+
 def _check_messages(value: Any, origin: str, key: str) -> list[dict[str, Any]]:
     if isinstance(value, np.ndarray):
         value = value.tolist()
@@ -102,6 +106,8 @@ def _check_messages(value: Any, origin: str, key: str) -> list[dict[str, Any]]:
         raise DataError(f"{origin}: {key} must be a non-empty list of {{role, content}} messages")
     msgs = [dict(m) for m in value]
     for i, m in enumerate(msgs):
+        if m["role"] not in ROLES:
+            raise DataError(f"{origin}: {key} message {i} has role {m['role']!r}, not one of {', '.join(ROLES)}")
         _check_content(m, f"{origin}: {key} message {i} ({m['role']!r})")
     if not any(m["role"] == "assistant" for m in msgs):
         raise DataError(f"{origin}: {key} has no assistant message, so nothing would be trained on")

@@ -81,3 +81,9 @@ def test_right_truncation_that_cuts_every_assistant_token_is_refused(tok, tmp_pa
                             "to find such rows")
     # one loss token left after a cut is kept
     assert truncate_sample(SFTSample([1, 2, 3, 4], [0, 0, 1, 1]), 3, "right", "r").loss_mask == [0, 0, 1]
+
+
+def test_an_unknown_role_is_refused_as_in_the_rl_data(tmp_path):
+    msg = _error(tmp_path, [GOOD, {"messages": [{"role": "bogus", "content": "x"}, {"role": "assistant", "content": "y"}]}])
+    assert msg == (f"{tmp_path / 'chats.jsonl'} row 1: data.messages_key='messages' message 0 has role 'bogus', "
+                   "not one of system, user, assistant, tool")
