@@ -261,6 +261,23 @@ VERL_ONLY: dict[str, Any] = {
     'reward_model.load_weight': True,
     "model_engine": "dp",
     "trainer.use_v1": False,
+    # verl's fully-async and one-step-off trainers (verl/experimental/*/config/*_ppo_trainer.yaml, their defaults)
+    "async_training.trigger_parameter_sync_step": 4,
+    "async_training.require_batches": 1,
+    "async_training.use_rollout_log_probs": True,
+    "async_training.compute_prox_log_prob": False,
+    "async_training.use_trainer_do_validate": False,
+    "async_training.checkpoint_engine.enable": True,
+    "async_training.checkpoint_engine.device_buffer_size_M": 4096,
+    "async_training.checkpoint_engine.overlap_broadcast_and_consume": False,
+    "rollout.nnodes": 1,
+    "rollout.n_gpus_per_node": 8,
+    "rollout.n": 4,
+    "rollout.total_rollout_steps": 100,
+    "rollout.total_epochs": 10,
+    "rollout.test_freq": 1,
+    f"{_A}.use_rollout_log_probs": "${oc.select:async_training.use_rollout_log_probs, True}",
+    "actor_rollout_ref.checkpoint_engine": "${oc.select:async_training.checkpoint_engine, null}",
     # set by verl's example scripts and example YAML files, outside the generated configs
     "actor_rollout_ref.model.torch_dtype": None,
     "critic.model.torch_dtype": None,
@@ -282,7 +299,19 @@ _MEGATRON_LM = "a Megatron-LM setting; strategy=megatron is PyTorch tensor/pipel
 _RM = "the reward model runs as one forward-only module per process (reward_model.model.*)"
 _MM = "multi-modal data is not supported in this build"
 
+_SPLIT = ("verl's fully-async / one-step-off trainers run the rollout on GPUs of its own; rlforge trains "
+          "colocated on every GPU (async_training.partial_rollout=true continues the long tail after the update)")
+
+_BYPASS = ("the update's old log-probs are the trainer's own, recomputed, unless "
+           "algorithm.rollout_correction.bypass_mode=true takes the rollout's (verl's switch for the same)")
+
 REASONS: tuple[tuple[str, str], ...] = (
+    ("rollout.*", _SPLIT + "; the rollout's GPUs are trainer.nnodes x trainer.n_gpus_per_node and its "
+     "responses per prompt actor_rollout_ref.rollout.n"),
+    ("async_training.use_rollout_log_probs", _BYPASS),
+    (f"{_A}.use_rollout_log_probs", _BYPASS),
+    ("async_training.*", _SPLIT),
+    ("actor_rollout_ref.checkpoint_engine", _SPLIT),
     ("*.router_replay.*", "MoE router replay is not available in this build"),
     ("*.enable_rollout_routing_replay", "MoE router replay is not available in this build"),
     ("*.fsdp_config.use_orig_params", "rlforge's FSDP1 always runs with use_orig_params=True (FSDP2 keeps "
