@@ -56,8 +56,9 @@ class RolloutCorrectionConfig:
     """Truncated importance weights ``min(pi_old / pi_rollout, rollout_is_threshold)`` that multiply the
     policy loss per token: ``token`` (one per token) | ``sequence`` (the product over the response,
     one per sequence) | null (none)."""
-    rollout_is_threshold: float = 2.0
-    """Upper bound of the importance weights (> 0; verl suggests 1.5-5 for token, 2-10 for sequence)."""
+    rollout_is_threshold: float | None = 2.0
+    """Upper bound of the importance weights (> 0; verl suggests 1.5-5 for token, 2-10 for sequence); null
+    only with ``rollout_is`` null (verl's scripts write both null to turn the weights off)."""
     rollout_is_batch_normalize: bool = False
     """Divide the truncated weights by their batch mean (token level: over tokens; sequence level:
     over sequences), so they average 1."""

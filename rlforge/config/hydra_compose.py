@@ -67,6 +67,21 @@ class _Entry:
     """The listing file's folder (None for rlforge's built-in configs)."""
 
 
+BUILTIN_FILES = ("fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer", "one_step_off_ppo_trainer",
+                 "one_step_off_ppo_megatron_trainer")
+"""verl's experimental trainers' configs that rlforge ships (``rlforge/config/verl_files/``), for their scripts'
+``--config-path=config --config-name=NAME``: their keys and values over verl's ``ppo_trainer``."""
+
+
+def builtin_file(name: str) -> Path | None:
+    """The shipped YAML file of :data:`BUILTIN_FILES` ``name``; None for another name."""
+    if name not in BUILTIN_FILES:
+        return None
+    from importlib import resources
+
+    return Path(str(resources.files("rlforge.config") / "verl_files" / f"{name}.yaml"))
+
+
 def compose_named(config_path: str | None, config_name: str | None) -> list[ComposedLayer]:
     """The layers of ``--config-path config_path --config-name config_name`` (Hydra's flags).
 
@@ -86,10 +101,12 @@ def compose_named(config_path: str | None, config_name: str | None) -> list[Comp
         composer.add_file(path, f"config file '{path}'", "")
     elif base_config(name) is not None:
         composer.add_builtin(name)
+    elif (builtin := builtin_file(name)) is not None:
+        composer.add_file(builtin, f"verl's {name} (rlforge's copy, {builtin})", "")
     else:
         raise ConfigError(f"--config-name {config_name or name}: no file {path} (--config-path is read from the "
                           f"current directory, {Path.cwd()}), and rlforge's built-in configs are verl's "
-                          "ppo_trainer and ppo_megatron_trainer")
+                          f"ppo_trainer, ppo_megatron_trainer, {', '.join(BUILTIN_FILES)}")
     return composer.finish()
 
 

@@ -368,7 +368,7 @@ def _rc(c: Any) -> Any:
 
 _RC = "algorithm.rollout_correction"
 _RC_ROWS = (  # keys that only one mode of rollout correction reads (verl ignores them the same way)
-    LaterWork(f"{_RC}.rollout_is_threshold", lambda v: v[0] != 2.0 and v[1] is None,
+    LaterWork(f"{_RC}.rollout_is_threshold", lambda v: v[0] not in (2.0, None) and v[1] is None,
               "{key}={value[0]} bounds the importance weights, but " + _RC + ".rollout_is is null; ignored",
               lambda c: (_rc(c).rollout_is_threshold, _rc(c).rollout_is)),
     LaterWork(f"{_RC}.rollout_is_batch_normalize", lambda v: v[0] is True and v[1] is None,

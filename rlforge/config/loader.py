@@ -44,6 +44,7 @@ from rlforge.config.common import OptimConfig
 from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
 from rlforge.config.root import RLForgeConfig
+from rlforge.config.split_trainer import split_trainer_batch
 from rlforge.config.user_keys import leaf_keys, record_user_keys, record_verl_values
 from rlforge.config.world import node_gpus_from_verl_default
 from rlforge.config.yaml_file import ConfigWarning, first_line, read_yaml, yaml_error_message
@@ -132,6 +133,7 @@ def load_config(
     record_verl_values(obj, _verl_values(layers))
     if job is None:  # verl's defaults: an unset trainer.n_gpus_per_node means the node's GPUs
         node_gpus_from_verl_default(obj)
+    split_trainer_batch(obj)  # verl's fully-async data.train_batch_size=0
     return obj
 
 

@@ -96,7 +96,9 @@ def check_config(cfg: Any) -> None:
     if cfg.rollout_is is not None and cfg.rollout_is not in IS_LEVELS:
         raise ConfigError(f"{KEY}.rollout_is={cfg.rollout_is!r}: use token, sequence or null")
     threshold = cfg.rollout_is_threshold
-    if not (isinstance(threshold, int | float) and math.isfinite(threshold) and threshold > 0):
+    if threshold is None and cfg.rollout_is is None:
+        pass  # both off, as verl's scripts write it
+    elif not (isinstance(threshold, int | float) and math.isfinite(threshold) and threshold > 0):
         raise ConfigError(f"{KEY}.rollout_is_threshold={threshold!r}: must be a finite number > 0 (verl: 2.0)")
     if cfg.loss_type not in LOSS_TYPES:
         raise ConfigError(f"{KEY}.loss_type={cfg.loss_type!r}: use ppo_clip or reinforce")

@@ -28,6 +28,7 @@ from rlforge.config.rollout_correction_check import check_config as check_rollou
 from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
 from rlforge.config.root import RLForgeConfig, uses_critic
 from rlforge.config.sharding import check_batch_sharding
+from rlforge.config.split_trainer import split_batch_warnings
 from rlforge.config.world import run_world
 from rlforge.errors import ConfigError
 from rlforge.trainer.on_policy import skips_old_log_prob
@@ -121,7 +122,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_multi_turn(cfg)
     check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
-    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora + sharding
+    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora + sharding + split_batch_warnings(cfg)
 
 
 def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:

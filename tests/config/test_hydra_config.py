@@ -162,7 +162,7 @@ def test_bad_defaults_are_one_line_with_file_and_line(tmp_path, text, fragments)
 
 def test_missing_config_name_file(in_tmp) -> None:
     with pytest.raises(ConfigError, match=r"^--config-name my_run.yaml: no file config/my_run.yaml .*current "
-                       r"directory.*ppo_trainer and ppo_megatron_trainer$"):
+                       r"directory.*ppo_trainer, ppo_megatron_trainer, fully_async_ppo_trainer, .*one_step_off_ppo_megatron_trainer$"):
         load_config(config_path="config", config_name="my_run.yaml")
 
 

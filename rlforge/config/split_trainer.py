@@ -1,0 +1,84 @@
+"""verl's fully-async trainer's batch size, read on rlforge's colocated trainer.
+
+verl's fully-async scripts set ``data.train_batch_size=0``: there the rollouter streams samples and the
+trainer takes ``async_training.require_batches`` mini-batches (``actor.ppo_mini_batch_size`` prompts each) per
+update.  rlforge trains colocated, one batch per step, so under verl's ``async_training.*`` keys a
+``data.train_batch_size`` of 0 becomes ``require_batches x ppo_mini_batch_size``: the prompts verl's trainer
+updates on in one step.  The value rlforge took is said in one warning line (:func:`split_batch_warnings`).
+Anywhere else 0 stays an error (:mod:`rlforge.config.ranges`).
+
+Their ``async_training.partial_rollout=true`` (verl: the rollouter's unfinished responses continue after a
+parameter sync) is rlforge's partial rollout where that can run (one process, the single-turn native engine,
+no dynamic sampling).  Where it cannot, a verl fully-async run trains synchronously, with one warning naming
+why; set by the user on rlforge's own terms (no verl split-trainer key), the same combination stays an error
+(:mod:`rlforge.config.async_training`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlforge.config.user_keys import verl_values
+
+_ATTR = "_rlforge_split_train_batch"
+REQUIRE_BATCHES_DEFAULT = 1
+"""verl's default of ``async_training.require_batches`` (its ``fully_async_ppo_trainer.yaml``)."""
+
+
+def split_trainer_batch(cfg: Any) -> None:
+    """In place: ``data.train_batch_size`` 0, and ``partial_rollout`` where it cannot run, under verl's
+    ``async_training.*`` keys (module doc)."""
+    verl = verl_values(cfg)
+    if not any(k.startswith("async_training.") for k in verl):
+        return
+    _partial_rollout_off(cfg)
+    if cfg.data.train_batch_size != 0:
+        return
+    require = int(verl.get("async_training.require_batches", REQUIRE_BATCHES_DEFAULT) or REQUIRE_BATCHES_DEFAULT)
+    mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    cfg.data.train_batch_size = require * mini
+    setattr(cfg, _ATTR, (require, mini))
+
+
+_OFF_ATTR = "_rlforge_split_partial_off"
+
+
+def _partial_rollout_off(cfg: Any) -> None:
+    if not cfg.async_training.partial_rollout:
+        return
+    arr = cfg.actor_rollout_ref
+    why = None
+    if arr.rollout.multi_turn.enable:
+        why = "it does not run with actor_rollout_ref.rollout.multi_turn.enable"
+    elif cfg.algorithm.filter_groups.enable:
+        why = "it does not run with algorithm.filter_groups.enable (dynamic sampling)"
+    elif arr.rollout.name == "hf":
+        why = "it needs the native engine (actor_rollout_ref.rollout.name=hf here)"
+    else:
+        from rlforge.config.world import run_world
+
+        try:
+            size = run_world(cfg).size
+        except Exception:  # noqa: BLE001 - validation names a bad world size; here only the count matters
+            size = 1
+        if size > 1:
+            why = f"it runs in one process in this build, and this run has {size}"
+    if why is not None:
+        cfg.async_training.partial_rollout = False
+        setattr(cfg, _OFF_ATTR, why)
+
+
+def split_batch_warnings(cfg: Any) -> list[str]:
+    """The lines that say what :func:`split_trainer_batch` chose (none where it did nothing)."""
+    out = []
+    why = getattr(cfg, _OFF_ATTR, None)
+    if why is not None:
+        out.append(f"async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial rollout is "
+                   f"off for this run, because {why}; each step generates and trains synchronously")
+    taken = getattr(cfg, _ATTR, None)
+    if taken is None:
+        return out
+    require, mini = taken
+    return out + [f"data.train_batch_size=0 (verl's fully-async trainer: the rollouter streams batches) trains "
+            f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {require} x {mini} = "
+            f"{require * mini} prompts per step here (rlforge trains colocated, one batch per step)"]
