@@ -68,9 +68,12 @@ def _partial_rollout_off(cfg: Any) -> None:
         setattr(cfg, _OFF_ATTR, why)
 
 
-def split_batch_warnings(cfg: Any) -> list[str]:
-    """The lines that say what :func:`split_trainer_batch` chose (none where it did nothing)."""
-    out = []
+def split_batch_warnings(cfg: Any, others: list[str]) -> list[str]:
+    """``others`` (the config's other warnings) and the lines that say what :func:`split_trainer_batch` chose;
+    where it sized the batch from ``async_training.require_batches``, that key's "ignored" line is dropped."""
+    if getattr(cfg, _ATTR, None) is not None:
+        others = [w for w in others if not w.startswith("async_training.require_batches=")]
+    out = list(others)
     why = getattr(cfg, _OFF_ATTR, None)
     if why is not None:
         out.append(f"async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial rollout is "

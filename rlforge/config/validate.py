@@ -122,7 +122,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     _check_multi_turn(cfg)
     check_model_reward(cfg)  # reward_model.enable / reward_model.judge.*
     precision = check_precision_and_offload(cfg, uses_ref(cfg), uses_critic(cfg))
-    return _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora + sharding + split_batch_warnings(cfg)
+    return split_batch_warnings(cfg, _warnings(cfg) + precision + _profile_step_warnings(cfg) + lora + sharding)
 
 
 def _profile_step_warnings(cfg: RLForgeConfig) -> list[str]:
