@@ -188,7 +188,9 @@ class ForcedLengths:
         import sys
         from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        root = str(Path(__file__).resolve().parents[1])
+        if root not in sys.path:
+            sys.path.insert(0, root)
         from rlforge.rollout.native.forced_eos import sample_indices
 
         prompts = []

@@ -261,12 +261,6 @@ def _block_row(node: str, default: Any, why: str, when: Callable[[Any], bool] = 
     return LaterWork(node, bool, "{value_list}: " + why + "; ignored", changed)
 
 
-_ESTIMATORS = frozenset({"gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline",
-                         "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
-                         "tir_optimal_token_baseline"})
-"""rlforge's own advantage estimators (a user-registered one may read ``gamma``/``lam``: not warned)."""
-
-
 def _kl_reward_keys_unused(c: Any) -> list[str]:
     """``algorithm.kl_ctrl.*`` / ``algorithm.kl_penalty`` set away from their defaults with the in-reward KL off."""
     if c.algorithm.use_kl_in_reward:
@@ -545,7 +539,7 @@ LATER_WORK: tuple[LaterWork, ...] = (
     *_fsdp_rows("critic.model.fsdp_config", "critic.strategy"),
     LaterWork(f"{_ARR}.ref.fsdp_config.optimizer_offload", lambda v: v is True,
               "{key}=True: the reference policy has no optimizer; ignored"),
-    *[LaterWork(f"algorithm.{k}", lambda v, r=readers: v[0] != v[1] and v[2] in _ESTIMATORS and v[2] not in r,
+    *[LaterWork(f"algorithm.{k}", lambda v, r=readers: v[0] != v[1] and v[2] in names.ADV_ESTIMATORS.names and v[2] not in r,
                 "{key}={value[0]} is read only by algorithm.adv_estimator=" + " / ".join(readers)
                 + " (this run: {value[2]}); ignored",
                 lambda c, k=k, d=d: (getattr(c.algorithm, k), d, c.algorithm.adv_estimator))

@@ -71,17 +71,14 @@ def _partial_rollout_off(cfg: Any) -> None:
 def split_batch_warnings(cfg: Any, others: list[str]) -> list[str]:
     """``others`` (the config's other warnings) and the lines that say what :func:`split_trainer_batch` chose;
     where it sized the batch from ``async_training.require_batches``, that key's "ignored" line is dropped."""
-    if getattr(cfg, _ATTR, None) is not None:
-        others = [w for w in others if not w.startswith("async_training.require_batches=")]
-    out = list(others)
-    why = getattr(cfg, _OFF_ATTR, None)
+    taken, why = getattr(cfg, _ATTR, None), getattr(cfg, _OFF_ATTR, None)
+    out = [w for w in others if taken is None or not w.startswith("async_training.require_batches=")]
     if why is not None:
         out.append(f"async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial rollout is "
                    f"off for this run, because {why}; each step generates and trains synchronously")
-    taken = getattr(cfg, _ATTR, None)
-    if taken is None:
-        return out
-    require, mini = taken
-    return out + [f"data.train_batch_size=0 (verl's fully-async trainer: the rollouter streams batches) trains "
-            f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {require} x {mini} = "
-            f"{require * mini} prompts per step here (rlforge trains colocated, one batch per step)"]
+    if taken is not None:
+        require, mini = taken
+        out.append(f"data.train_batch_size=0 (verl's fully-async trainer: the rollouter streams batches) trains "
+                   f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {require} x "
+                   f"{mini} = {require * mini} prompts per step here (rlforge trains colocated, one batch per step)")
+    return out

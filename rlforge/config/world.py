@@ -82,14 +82,13 @@ def _nnodes_of_every_rank(nnodes: int) -> list[int]:
         return [nnodes]
     from datetime import timedelta
 
-    import torch.distributed as dist
+    from rlforge.engine.distributed import agent_store
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=EXCHANGE_TIMEOUT_S)
     try:
-        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                               timeout=timeout)
-        store = dist.PrefixStore(f"rlforge/nnodes/attempt_{attempt}/", client)
+        store = agent_store(f"rlforge/nnodes/attempt_{attempt}/", timeout)
+        assert store is not None  # TORCHELASTIC_USE_AGENT_STORE checked above
         store.set(str(rank), str(nnodes))
         keys = [str(r) for r in range(world)]
         store.wait(keys, timeout)

@@ -79,11 +79,19 @@ def restart_store(timeout: timedelta | None = None) -> dist.Store | None:
     ``rlforge/attempt_<n>/`` of the agent's store.
     """
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if attempt == 0:
+        return None
+    return agent_store(f"rlforge/attempt_{attempt}/", timeout or timedelta(minutes=30))
+
+
+def agent_store(prefix: str, timeout: timedelta) -> dist.Store | None:
+    """A client of torchrun's agent store (``MASTER_ADDR:MASTER_PORT``, kept across restarts), its keys under
+    ``prefix``; None where torchrun keeps none (``TORCHELASTIC_USE_AGENT_STORE`` not ``True``)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                           timeout=timeout or timedelta(minutes=30))
-    return dist.PrefixStore(f"rlforge/attempt_{attempt}/", client)
+                           timeout=timeout)
+    return dist.PrefixStore(prefix, client)
 
 
 def init_single_process(device: torch.device, timeout: timedelta | None = None) -> DistInfo:

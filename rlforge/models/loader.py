@@ -242,6 +242,8 @@ def _warn_unknown_overrides(cfg: Any, override: dict[str, Any], key: str) -> Non
 
     from rlforge.errors import RLForgeWarning
 
+    if not override:
+        return
     try:
         reference = type(cfg)()
     except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare with
