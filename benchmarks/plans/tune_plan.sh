@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
 #                                                                         backoff auto05a auto15r auto7 shape3 probe7
-#                                                                         rolltp1 ckpt3
+#                                                                         rolltp1 ckpt3 prof05
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -89,7 +89,7 @@ step_auto7() {  # 7B, 32 x 8, 256 + 512: the hand setting (optimizer offload) an
 }
 step_shape3() {  # a shape nothing was tuned on: 3B, responses of up to 768 tokens
   timeout -k 5 ${SHAPE3_LIMIT:-700} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-3b \
-    --response-len 768 --rlforge-setups rlforge-hand,rlforge-auto --reps ${REPS3:-1} --out /tmp/e2e3 > "$OUT/shape3.txt" 2>&1
+    --response-len 768 --rlforge-setups ${SETUPS3:-rlforge-hand,rlforge-auto} --reps ${REPS3:-1} --out /tmp/e2e3 > "$OUT/shape3.txt" 2>&1
   cp /tmp/e2e3/*.md "$OUT"/shape3.md 2>/dev/null
   grep -h -A22 "rlforge tune" /tmp/e2e3/rep1/rlforge-auto_*.log 2>/dev/null | head -30 > "$OUT/shape3_table.txt"
 }
@@ -114,6 +114,11 @@ step_rolltp1() {  # issue 40: the rollout at TP=1 through the tensor-parallel co
       --max-num-batched-tokens 32768 --json /tmp/rolltp1_${t}_$r.json >> "$OUT/rolltp1.txt" 2>&1
   done; done
   cp /tmp/rolltp1_*.json "$OUT"/ 2>/dev/null
+}
+step_prof05() {  # 0.5B as a user runs it under torch.profiler: where the GPU idles within the step (issue 39's 90%)
+  timeout -k 5 ${PROF05_LIMIT:-300} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-0.5b \
+    --rlforge-setups rlforge-auto --reps 1 --steps 3 --profile --out /tmp/e2ep > "$OUT/prof05.txt" 2>&1
+  cp /tmp/e2ep/*.md "$OUT"/prof05.md 2>/dev/null
 }
 step_ckpt3() {  # issue 40: checkpoint save cost, full-state against DCP (sync, async), 3B full fine-tuning
   # (7B's 91 GB per checkpoint does not fit this machine's 64 GiB disk; each row's folder is removed after it)
