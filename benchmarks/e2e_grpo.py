@@ -262,19 +262,21 @@ PARTIAL_ROLLOUT = ("async_training.partial_rollout=true", "async_training.stalen
                    "async_training.max_version_gap=2", "actor_rollout_ref.rollout.calculate_log_probs=true")
 """Issue 41's partial rollout: a quarter more prompt groups queued, stop at the batch's groups, carry the tail."""
 
-RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand", "rlforge-partial")
+RLFORGE_SETUPS = ("rlforge", "rlforge-auto", "rlforge-hand", "rlforge-partial", "rlforge-auto-partial")
 """rlforge rows (``--rlforge-setups``): ``rlforge`` the overrides of :func:`rlforge_overrides` (the
 benchmark's own levers) plus ``--rlforge-extra``; ``rlforge-auto`` as a user runs it: the workload's keys
 only, every lever key left to the tuner (``auto``), no extras; ``rlforge-hand`` the ``rlforge`` row with
-:data:`HAND_TUNED` after it; ``rlforge-partial`` the ``rlforge`` row with :data:`PARTIAL_ROLLOUT` after it."""
+:data:`HAND_TUNED` after it; ``rlforge-partial`` the ``rlforge`` row with :data:`PARTIAL_ROLLOUT` after it;
+``rlforge-auto-partial`` the ``rlforge-auto`` row with :data:`PARTIAL_ROLLOUT` after it."""
 
 
 def setup_overrides(setup: str, base: list[str], extra: list[str]) -> list[str]:
     """The overrides of rlforge row ``setup`` (:data:`RLFORGE_SETUPS`) from the benchmark's ``base``."""
-    if setup == "rlforge-auto":
+    if setup in ("rlforge-auto", "rlforge-auto-partial"):
         from rlforge.config.auto_keys import LEVER_KEYS
 
-        return [o for o in base if o.partition("=")[0] not in LEVER_KEYS]
+        return [*(o for o in base if o.partition("=")[0] not in LEVER_KEYS),
+                *(PARTIAL_ROLLOUT if setup == "rlforge-auto-partial" else ())]
     return [*base, *extra, *(HAND_TUNED if setup == "rlforge-hand" else ()),
             *(PARTIAL_ROLLOUT if setup == "rlforge-partial" else ())]
 

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/plans/tune_plan.sh start "STEP STEP ..." [WAIT_S]   # detached; steps: cuda auto05 mem plan auto15
 #                                                                         backoff auto05a auto15r auto7 shape3 probe7
-#                                                                         rolltp1 ckpt3 prof05
+#                                                                         rolltp1 ckpt3 prof05 tail
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
 # Logs go to /tmp/gplan and are copied to $OUT when the call returns.
 #
@@ -119,6 +119,16 @@ step_prof05() {  # 0.5B as a user runs it under torch.profiler: where the GPU id
   timeout -k 5 ${PROF05_LIMIT:-300} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl --models qwen2.5-0.5b \
     --rlforge-setups rlforge-auto --reps 1 --steps 3 --profile --out /tmp/e2ep > "$OUT/prof05.txt" 2>&1
   cp /tmp/e2ep/*.md "$OUT"/prof05.md 2>/dev/null
+}
+step_tail() {  # issue 41: partial rollout against the synchronous trainer, as a user runs both (every lever auto),
+  # on the long-tail workload and the fixed-length one; interleaved repetitions, the same weights
+  local lw
+  for lw in ${TAIL_LENGTHS:-lognormal fixed}; do
+    timeout -k 5 ${TAIL_LIMIT:-600} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl \
+      --models ${TAIL_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} --lengths $lw --rlforge-setups rlforge-auto,rlforge-auto-partial \
+      --reps ${REPSTAIL:-2} --out /tmp/tail_$lw > "$OUT/tail_$lw.txt" 2>&1
+    cp /tmp/tail_$lw/*.md "$OUT"/tail_$lw.md 2>/dev/null
+  done
 }
 step_ckpt3() {  # issue 40: checkpoint save cost, full-state against DCP (sync, async), 3B full fine-tuning
   # (7B's 91 GB per checkpoint does not fit this machine's 64 GiB disk; each row's folder is removed after it)
