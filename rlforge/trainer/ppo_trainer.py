@@ -339,7 +339,13 @@ class PPOTrainer:
                     start = time.perf_counter()
                     self._save()
                     save_s = time.perf_counter() - start
+            start = time.perf_counter()
             self.checkpointer.close()  # the last save in flight is written and committed before the run ends
+            if save_s is not None and self.rank == 0:  # the final save: no later metrics row carries its time
+                wait_s = time.perf_counter() - start
+                print(f"saved the final checkpoint (step {self.global_step}) in {save_s:.1f} s as training saw it"
+                      + (f", then {wait_s:.1f} s waiting for its asynchronous write" if wait_s >= 0.05 else ""),
+                      flush=True)
         except KeyboardInterrupt:
             if self.rank == 0:
                 actor_ckpt = self.cfg.actor_rollout_ref.actor.checkpoint

@@ -142,7 +142,10 @@ def test_another_run_in_the_folder_stops_and_disable_starts_over_in_a_sub_folder
     # resume_mode=disable: a fresh sub-folder; the earlier run's files stay as they were
     assert main(["train", *SMALL, f"trainer.default_local_dir={tmp_path}", *FAST, "trainer.total_training_steps=1",
                  "trainer.save_freq=1", "trainer.resume_mode=disable"]) == 0
-    assert f"this run starts over in {tmp_path / 'run-1'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"this run starts over in {tmp_path / 'run-1'}" in out
+    saved = [line for line in out.splitlines() if line.startswith("saved the final checkpoint (step 1) in ")]
+    assert len(saved) == 1 and saved[0].split(" in ")[1].endswith(" s as training saw it"), out
     rows = [json.loads(line) for line in (tmp_path / "run-1" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and (tmp_path / "run-1" / "global_step_1" / "config.yaml").is_file()
     assert {p: p.read_bytes() for p in before} == before and not list(tmp_path.glob("metrics.*.jsonl"))
