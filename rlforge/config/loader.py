@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import schema, verl_keys
 from rlforge.config.alias_conflicts import Moved, check_moved
-from rlforge.config.auto_keys import record_auto_keys, strip_auto
+from rlforge.config.auto_keys import AUTO, record_auto_keys, strip_auto
 from rlforge.config.common import OptimConfig
 from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
@@ -514,8 +514,11 @@ def _tail(value: Any) -> str:
 def _check_bool(full: str, value: Any, source: str) -> None:
     """Raises ConfigError for a value of the bool-typed key ``full`` that is not a boolean (``2``, ``1``,
     ``'yes'``), which OmegaConf would otherwise read as true (any non-zero number; yes/on/y).  None and
-    interpolations are left to the merge (a non-optional key refuses null there)."""
+    interpolations are left to the merge (a non-optional key refuses null there), ``auto`` to
+    :func:`rlforge.config.auto_keys.strip_auto` (a tuned key, or one error for a key without a tuner)."""
     if value is None or isinstance(value, bool) or _is_interpolation(value):
+        return
+    if isinstance(value, str) and value.strip().lower() == AUTO:
         return
     raise ConfigError(f"{full}: expected bool (true or false), got {value!r} (from {source})")
 
