@@ -58,6 +58,33 @@ def extra_groups(cfg: Any) -> int:
     return math.ceil(round(share * int(cfg.data.train_batch_size), 9))
 
 
+def partial_rollout_blocker(cfg: Any) -> str | None:
+    """Why ``async_training.partial_rollout`` cannot run with the rest of ``cfg``, or None where it can.
+
+    The reason reads after "partial_rollout=true" / "it" ("needs ...", "does not run with ...", "runs in one
+    process ..."), naming the key that stops it.  One list for both callers: :func:`check_config` raises it
+    as a ConfigError; :mod:`rlforge.config.split_trainer` (verl's split-trainer keys) turns partial rollout
+    off with it as a warning.  The ``partial_rollout`` value itself is not read.
+
+    Raises:
+        ConfigError: the run's world size is itself bad (:func:`rlforge.config.world.run_world`).
+    """
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.name == "hf":
+        return (f"needs actor_rollout_ref.rollout.name=native (got {arr.rollout.name}): only the native engine "
+                "continues a stopped response")
+    if arr.rollout.multi_turn.enable:
+        return "does not run with actor_rollout_ref.rollout.multi_turn.enable"
+    if cfg.algorithm.filter_groups.enable:
+        return "does not run with algorithm.filter_groups.enable (dynamic sampling)"
+    from rlforge.config.world import run_world
+
+    world = run_world(cfg)
+    if world.size > 1:
+        return f"runs in one process in this build, and this run has {world.size} ({world.source})"
+    return None
+
+
 def check_config(cfg: Any) -> None:
     """Raises ConfigError (one line, naming the key) for a bad ``async_training`` value or a
     combination partial rollout cannot run with."""
@@ -78,20 +105,9 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"{key}.staleness_threshold={at.staleness_threshold} over-provisions prompt groups, but "
                           f"actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator={est}: a one-response group has "
                           "no baseline. Set rollout.n >= 2 or staleness_threshold=0")
-    if arr.rollout.name == "hf":
-        raise ConfigError(f"{key}.partial_rollout=true needs actor_rollout_ref.rollout.name=native (got "
-                          f"{arr.rollout.name}): only the native engine continues a stopped response")
-    if arr.rollout.multi_turn.enable:
-        raise ConfigError(f"{key}.partial_rollout=true does not run with actor_rollout_ref.rollout.multi_turn.enable")
-    if cfg.algorithm.filter_groups.enable:
-        raise ConfigError(f"{key}.partial_rollout=true does not run with algorithm.filter_groups.enable (dynamic "
-                          "sampling)")
-    from rlforge.config.world import run_world
-
-    world = run_world(cfg)
-    if world.size > 1:
-        raise ConfigError(f"{key}.partial_rollout=true runs in one process in this build; this run has {world.size} "
-                          f"({world.source})")
+    why = partial_rollout_blocker(cfg)
+    if why is not None:
+        raise ConfigError(f"{key}.partial_rollout=true {why}")
     if float(at.staleness_threshold) > 1:
         raise ConfigError(f"{key}.staleness_threshold={at.staleness_threshold}: at most 1 in this build (one extra "
                           "batch of prompt groups queued per step)")

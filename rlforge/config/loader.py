@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import schema, verl_keys
 from rlforge.config.alias_conflicts import Moved, check_moved
-from rlforge.config.auto_keys import record_auto_keys, strip_auto
+from rlforge.config.auto_keys import AUTO, record_auto_keys, strip_auto
 from rlforge.config.common import OptimConfig
 from rlforge.config.delete_key import UNSET, Deletion, apply_deletion, parse_deletion
 from rlforge.config.hydra_compose import ComposedLayer, compose_file, compose_named
@@ -250,7 +250,20 @@ def _parse_override(override: str) -> dict[str, Any]:
     except Exception as e:
         raise ConfigError(f"override '{override}': cannot parse the value: {first_line(e)}") from None
     assert isinstance(parsed, dict)
+    _hydra_bools(parsed, key.strip(), value.strip())
     return parsed
+
+
+def _hydra_bools(parsed: dict[str, Any], key: str, text: str) -> None:
+    """In place: the value of ``key`` that YAML 1.1 reads as a boolean but Hydra's override grammar does not
+    (``yes``, ``no``, ``on``, ``off``: Hydra's booleans are ``true`` and ``false``, any case) is the string
+    written, as verl's command line reads it; a bool-typed key then names it (:func:`_check_bool`)."""
+    node: Any = parsed
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict) and isinstance(node.get(leaf), bool) and text.lower() not in ("true", "false"):
+        node[leaf] = text
 
 
 def _take_verl(full: str, value: Any, verl: dict[str, Any], moved: Moved,
@@ -330,6 +343,8 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
                     continue
             elif not _is_interpolation(value):
                 raise ConfigError(f"{full}: expected a mapping of sub-keys, got {value!r} (from {source})")
+        elif schema.strip_optional(tp) is bool:
+            _check_bool(full, value, source)
         elif schema.strip_optional(tp) == list[str] and isinstance(value, str) and not _is_interpolation(value):
             value = [value]
         elif takes and isinstance(value, dict):  # a free-form mapping: verl's aliases below it still move
@@ -494,6 +509,18 @@ def _tail(value: Any) -> str:
         (key, value), = value.items()
         tail += f".{key}"
     return tail
+
+
+def _check_bool(full: str, value: Any, source: str) -> None:
+    """Raises ConfigError for a value of the bool-typed key ``full`` that is not a boolean (``2``, ``1``,
+    ``'yes'``), which OmegaConf would otherwise read as true (any non-zero number; yes/on/y).  None and
+    interpolations are left to the merge (a non-optional key refuses null there), ``auto`` to
+    :func:`rlforge.config.auto_keys.strip_auto` (a tuned key, or one error for a key without a tuner)."""
+    if value is None or isinstance(value, bool) or _is_interpolation(value):
+        return
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return
+    raise ConfigError(f"{full}: expected bool (true or false), got {value!r} (from {source})")
 
 
 def _is_interpolation(value: Any) -> bool:

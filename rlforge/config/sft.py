@@ -221,6 +221,23 @@ def _check_positive(key: str, value: float) -> None:
         raise ConfigError(f"{key}={value}: must be > 0")
 
 
+def check_micro_batch(d: SFTDataConfig, world: int) -> None:
+    """Without ``data.use_dynamic_bsz``, ``data.micro_batch_size_per_gpu`` must not exceed a rank's share of
+    ``data.train_batch_size`` (``world`` ranks).  verl refuses it too: ``fsdp_sft_trainer.py`` asserts that
+    a rank's batch is a multiple of the micro-batch, and ``sft_trainer.py``'s engine would split the batch
+    into zero micro-batches; here it would silently train on one smaller micro-batch.
+
+    Raises:
+        ConfigError: naming both keys and the numbers.
+    """
+    per, micro = int(d.train_batch_size) // max(world, 1), int(d.micro_batch_size_per_gpu)
+    if d.use_dynamic_bsz or micro <= per:
+        return
+    share = f"data.train_batch_size={d.train_batch_size}" + (f" over {world} ranks = {per} per rank" if world > 1 else "")
+    raise ConfigError(f"data.micro_batch_size_per_gpu={micro} is larger than the batch ({share}) with "
+                      "data.use_dynamic_bsz=false; lower data.micro_batch_size_per_gpu or raise data.train_batch_size")
+
+
 def validate_sft_config(cfg: SFTConfig) -> list[str]:
     """Cross-field checks of the SFT config (values only; the world size is checked at start).
     Returns the warnings: verl loggers rlforge skips, verl's keys that change nothing here
@@ -242,6 +259,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
         _check_positive(key, value)
     if d.max_length < 2:
         raise ConfigError(f"data.max_length={d.max_length}: a sample needs at least 2 tokens")
+    check_micro_batch(d, world=1)
     if not 0 <= o.min_lr_ratio <= 1:
         raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in [0, 1] (the cosine floor as a fraction "
                           "of the peak lr)")

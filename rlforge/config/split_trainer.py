@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlforge.config.async_training import partial_rollout_blocker
 from rlforge.config.user_keys import verl_values
+from rlforge.errors import ConfigError
 
 _ATTR = "_rlforge_split_train_batch"
 REQUIRE_BATCHES_DEFAULT = 1
@@ -46,23 +48,10 @@ _OFF_ATTR = "_rlforge_split_partial_off"
 def _partial_rollout_off(cfg: Any) -> None:
     if not cfg.async_training.partial_rollout:
         return
-    arr = cfg.actor_rollout_ref
-    why = None
-    if arr.rollout.multi_turn.enable:
-        why = "it does not run with actor_rollout_ref.rollout.multi_turn.enable"
-    elif cfg.algorithm.filter_groups.enable:
-        why = "it does not run with algorithm.filter_groups.enable (dynamic sampling)"
-    elif arr.rollout.name == "hf":
-        why = "it needs the native engine (actor_rollout_ref.rollout.name=hf here)"
-    else:
-        from rlforge.config.world import run_world
-
-        try:
-            size = run_world(cfg).size
-        except Exception:  # noqa: BLE001 - validation names a bad world size; here only the count matters
-            size = 1
-        if size > 1:
-            why = f"it runs in one process in this build, and this run has {size}"
+    try:
+        why = partial_rollout_blocker(cfg)
+    except ConfigError:  # a bad world size: validation names it; here it does not turn partial rollout off
+        why = None
     if why is not None:
         cfg.async_training.partial_rollout = False
         setattr(cfg, _OFF_ATTR, why)
@@ -75,7 +64,7 @@ def split_batch_warnings(cfg: Any, others: list[str]) -> list[str]:
     out = [w for w in others if taken is None or not w.startswith("async_training.require_batches=")]
     if why is not None:
         out.append(f"async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial rollout is "
-                   f"off for this run, because {why}; each step generates and trains synchronously")
+                   f"off for this run, because it {why}; each step generates and trains synchronously")
     if taken is not None:
         require, mini = taken
         out.append(f"data.train_batch_size=0 (verl's fully-async trainer: the rollouter streams batches) trains "

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import transformers
 
-from rlforge.config.sft import SFTConfig, load_sft_config
+from rlforge.config.sft import SFTConfig, check_micro_batch, load_sft_config
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.trainer.sft_args import add_sft_arguments
 
@@ -104,6 +104,7 @@ class SFTTrainer:
         bs = int(self.cfg.data.train_batch_size)
         if bs % self.world:
             raise ConfigError(f"data.train_batch_size={bs} is not divisible by the {self.world} ranks")
+        check_micro_batch(self.cfg.data, self.world)
         if bs > len(self.train):
             raise ConfigError(f"data.train_batch_size={bs} is larger than the {len(self.train)} training samples; "
                               "lower it (or add data)")

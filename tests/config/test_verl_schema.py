@@ -62,6 +62,8 @@ def probe(default: Any, tp: Any = None) -> Any:
         return [*(default if isinstance(default, list) else []), 2 if numbers else "probe"]
     if isinstance(default, bool):
         return not default
+    if default is None and tp is not None and schema.strip_optional(tp) is bool:  # 2 is no bool (the loader refuses it)
+        return True
     if isinstance(default, int):
         return default + 2
     if isinstance(default, float):
@@ -232,3 +234,32 @@ def test_unknown_key_inside_a_verl_block_is_still_an_error():
 
     with pytest.raises(ConfigError, match="unknown config key"):
         load_config(["actor_rollout_ref.rollout.prometheus.made_up=1"])
+
+
+@pytest.mark.parametrize("value, shown", [("2", "2"), ("3", "3"), ("1", "1"), ("yes", "'yes'"), ("on", "'on'")])
+def test_a_bool_key_refuses_a_value_that_is_no_boolean(value, shown, tmp_path):
+    """OmegaConf reads any non-zero number and yes/on as true; verl's keys are bools: one line names key and value."""
+    from rlforge.errors import ConfigError
+
+    override = f"actor_rollout_ref.rollout.multi_turn.enable={value}"
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert str(e.value) == (f"actor_rollout_ref.rollout.multi_turn.enable: expected bool (true or false), got {shown} "
+                            f"(from override '{override}')")
+    with pytest.raises(ConfigError, match=r"^algorithm\.filter_groups\.enable: expected bool .*got 2 \(from config "):
+        load_config(config_file=_yaml_file(tmp_path, "algorithm:\n  filter_groups:\n    enable: 2\n"))
+
+
+def test_a_bool_key_takes_true_and_false_and_yamls_own_booleans(tmp_path):
+    assert load_config(["actor_rollout_ref.rollout.multi_turn.enable=True"]).actor_rollout_ref.rollout.multi_turn.enable
+    on = load_config(config_file=_yaml_file(tmp_path, "algorithm:\n  filter_groups:\n    enable: yes\n"))
+    assert on.algorithm.filter_groups.enable is True
+    # Hydra's grammar reads `yes` as a string: so does rlforge's command line, where a key is free-form
+    cfg = load_config(["+actor_rollout_ref.rollout.engine_kwargs.vllm.x=yes"])
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm == {"x": "yes"}
+
+
+def _yaml_file(folder: Path, text: str) -> str:
+    path = folder / "c.yaml"
+    path.write_text(text)
+    return str(path)

@@ -160,3 +160,21 @@ def test_sft_engine_checks():
     assert any(w.startswith("engine.wrap_policy.min_num_params=1000") for w in lines), lines
     _, lines = load(["engine.param_offload=true", "trainer.device=cpu"])
     assert any("engine.param_offload=true on a CPU run" in w for w in lines), lines
+
+
+def test_a_micro_batch_larger_than_the_batch_is_refused_as_verl_refuses_it():
+    """verl's fsdp_sft_trainer asserts that a rank's batch is a multiple of the micro-batch: 2 samples in
+    micro-batches of 4 stop there, and here with one line naming both keys (a rank's share with 4 ranks)."""
+    from rlforge.config.sft import check_micro_batch
+
+    fixed = ["data.use_dynamic_bsz=false", "data.micro_batch_size_per_gpu=4"]
+    with pytest.raises(ConfigError) as e:
+        load([*fixed, "data.train_batch_size=2"])
+    assert str(e.value) == ("data.micro_batch_size_per_gpu=4 is larger than the batch (data.train_batch_size=2) "
+                            "with data.use_dynamic_bsz=false; lower data.micro_batch_size_per_gpu or raise "
+                            "data.train_batch_size")
+    cfg, _ = load([*fixed, "data.train_batch_size=8"])
+    check_micro_batch(cfg.data, world=2)  # 4 per rank: one micro-batch, fine
+    with pytest.raises(ConfigError, match=r"\(data\.train_batch_size=8 over 4 ranks = 2 per rank\)"):
+        check_micro_batch(cfg.data, world=4)
+    load(["data.micro_batch_size_per_gpu=4", "data.train_batch_size=2"])  # token-budget micro-batches: unused

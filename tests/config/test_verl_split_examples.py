@@ -83,3 +83,26 @@ def test_the_split_trainers_entry_points_default_to_their_configs(capsys):
     assert "bypass_mode: true" in capsys.readouterr().out
     assert fully_async_main.main(["--config-name", "ppo_trainer", "--print-config"]) == 0  # a name given wins
     assert "partial_rollout: false" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("blocker, reason", [
+    ("actor_rollout_ref.rollout.name=hf",
+     "needs actor_rollout_ref.rollout.name=native (got hf): only the native engine continues a stopped response"),
+    ("actor_rollout_ref.rollout.multi_turn.enable=true",
+     "does not run with actor_rollout_ref.rollout.multi_turn.enable"),
+    ("algorithm.filter_groups.enable=true",
+     "does not run with algorithm.filter_groups.enable (dynamic sampling)"),
+])
+def test_partial_rollout_is_refused_and_turned_off_for_the_same_reason(blocker, reason, monkeypatch):
+    """One list of what stops partial rollout: rlforge's own keys raise it, verl's split-trainer keys warn it."""
+    from rlforge.errors import ConfigError
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = ["async_training.partial_rollout=true", "trainer.device=cpu", "actor_rollout_ref.rollout.n=2", blocker]
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(base))
+    assert str(err.value) == f"async_training.partial_rollout=true {reason}"
+    cfg = load_config([*base, "async_training.require_batches=1"], job=None)
+    assert cfg.async_training.partial_rollout is False
+    assert (f"async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial rollout is off for "
+            f"this run, because it {reason}; each step generates and trains synchronously") in validate_config(cfg)
