@@ -518,7 +518,7 @@ def _check_bool(full: str, value: Any, source: str) -> None:
     :func:`rlforge.config.auto_keys.strip_auto` (a tuned key, or one error for a key without a tuner)."""
     if value is None or isinstance(value, bool) or _is_interpolation(value):
         return
-    if isinstance(value, str) and value.strip().lower() == AUTO:
+    if isinstance(value, str) and value.strip().lower() in (AUTO, "true", "false"):  # OmegaConf reads the last two
         return
     raise ConfigError(f"{full}: expected bool (true or false), got {value!r} (from {source})")
 
