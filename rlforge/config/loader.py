@@ -326,7 +326,9 @@ def _clean(cls: type, node: dict[str, Any], prefix: str, source: str, plus: bool
         if key not in hints:
             if plus:
                 shown = full + _tail(value)
-                warnings.warn(f"ignoring '+{shown}': not an rlforge config key, rlforge ignores it", ConfigWarning, 3)
+                sign = "++" if source.startswith("override '++") else "+"  # as written: Hydra's add, or add-or-set
+                warnings.warn(f"ignoring '{sign}{shown}': not an rlforge config key, rlforge ignores it",
+                              ConfigWarning, 3)
                 continue
             hint = schema.closest_key(root, full)
             command = "train" if root is RLForgeConfig else "sft"  # the two schemas this loader reads

@@ -212,7 +212,7 @@ def test_plus_plus_sets_an_existing_key_or_adds_below_a_free_form_field() -> Non
 
 
 def test_plus_plus_unknown_key_warns_and_is_ignored() -> None:
-    with pytest.warns(ConfigWarning, match=r"\+trainer\.verl_only_knob"):
+    with pytest.warns(ConfigWarning, match=r"ignoring '\+\+trainer\.verl_only_knob'"):  # quoted as written
         cfg = load_config(["++trainer.verl_only_knob=3"])
     assert not hasattr(cfg.trainer, "verl_only_knob")
 
