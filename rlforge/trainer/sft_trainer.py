@@ -287,6 +287,20 @@ def _check_finite(step: int, loss: float, grad_norm: float, lr: float, rank: int
               f"was skipped (lower optim.lr={lr:g} or optim.clip_grad if this repeats)", file=sys.stderr, flush=True)
 
 
+def sft_start_line(cfg: Any) -> str:
+    """One line naming the model, the data, the length, the device and the output folder (as ``rlforge train``'s
+    start line)."""
+    from rlforge.trainer.builders.engines import pick_device
+
+    t, files = cfg.trainer, cfg.data.train_files
+    steps = (f"{t.total_training_steps} steps" if t.total_training_steps is not None else f"{t.total_epochs} epochs")
+    procs = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(t.device).type + (f" x {procs} processes" if procs > 1 else "")
+    data = files if isinstance(files, str) else ",".join(str(f) for f in files)
+    return (f"rlforge sft: start | model {cfg.model.path} | data {data} | {steps} | device {device} "
+            f"| output {t.default_local_dir}")
+
+
 def run_sft(overrides: Sequence[str], config_file: str | None = None, print_config: bool = False) -> int:
     """Load the config, then print it or run the SFT; returns the exit status."""
     cfg = load_sft_config(list(overrides), config_file)
@@ -295,6 +309,8 @@ def run_sft(overrides: Sequence[str], config_file: str | None = None, print_conf
         return 0
     transformers.logging.set_verbosity_error()  # as rlforge train: no library chatter or progress bars
     transformers.logging.disable_progress_bar()
+    if os.environ.get("RANK", "0") == "0":  # before anything slow (model loading); under torchrun, rank 0 alone
+        print(sft_start_line(cfg), flush=True)
     trainer = SFTTrainer(cfg)
     last = trainer.fit()
     if trainer.rank == 0:
