@@ -156,14 +156,14 @@ def run_tune(args: argparse.Namespace) -> int:
     from rlforge.tune.report import tune_table
     from rlforge.tune.tuner import plan_config
 
+    if args.probe and detect().is_cpu:  # asked for, so never passed over in silence
+        raise ConfigError("--probe measures on this machine's GPU, and it has none (plan without --probe)")
     if dev.is_cpu:
         print("rlforge tune: cpu: levers stay as configured on a CPU; plan for a GPU with --device h100|h200")
         return 0
     if args.probe:
         from rlforge.tune.bench import measured_device
 
-        if detect().is_cpu:
-            raise ConfigError("--probe measures on this machine's GPU, and it has none (plan without --probe)")
         dev = measured_device(dev)
     plan, free = plan_config(cfg, dev), plan_config(cfg, dev, free=True)
     if args.probe:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlforge.cli import main
 from rlforge.errors import ConfigError
@@ -23,6 +24,8 @@ TINY = "actor_rollout_ref.model.path=preset:tiny"
     (["--device-memory-gb", "nan"], "--device-memory-gb nan"),
     (["--device-memory-gb", "-5"], "--device-memory-gb -5.0"),
     (["--check-memory", "/nonexistent/run"], "--check-memory /nonexistent/run: no run_config.yaml"),
+    pytest.param(["--probe"], "--probe measures on this machine's GPU, and it has none",  # was: exit 0, no probe
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to probe")),
 ])
 def test_bad_tune_arguments_are_one_error(args, says, capsys):
     assert main(["tune", *args, TINY]) == 2
