@@ -7,7 +7,15 @@
 #                                                                         backoff auto05a auto15r auto7 shape3 probe7
 #                                                                         rolltp1 ckpt3 prof05 tail
 #   bash benchmarks/plans/tune_plan.sh wait [WAIT_S]                     # later calls: wait, collect
-# Logs go to /tmp/gplan and are copied to $OUT when the call returns.
+# Logs go to /tmp/tplan and are copied to $OUT when the call returns.
+#
+# What is still unmeasured, in the order to run it (estimated minutes on one H200; a lease gives about 25):
+#   rolltp1 (4)  issue 40: the rollout at TP=1 through the tensor-parallel code, against .oldtree
+#   auto15r (6, REPS15=1)  auto7 (9)  mem (<1)  probe7 (3)   issue 39: 1.5B and 7B, the memory model, the probe
+#   prof05 (3)   issue 39: where the 0.5B step idles (GPU busy 89.3% against the 90% asked)
+#   shape3 (8, SETUPS3=rlforge,rlforge-auto: the hand setting does not fit 3B)  ckpt3 (6)  backoff (2)
+#   tail (16 with REPSTAIL=1)  issue 41: partial rollout against synchronous, long-tail and fixed lengths
+# nvidia-h200 needs needs_h200=true for auto15r, auto7 and shape3 (the hand rows peak at 88-104 GB).
 #
 # Needs, carried: .whl/ (omegaconf, antlr4-python3-runtime, tensordict, pyvers, gguf, liger-kernel) and .tok/
 # (a saved tokenizer).
