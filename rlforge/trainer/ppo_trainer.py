@@ -26,7 +26,6 @@ otherwise it becomes one message naming the stage, the memory and the keys that 
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -49,11 +48,9 @@ from rlforge.algorithms import (
 from rlforge.algorithms.rollout_correction import compute_rollout_correction
 from rlforge.batch import Batch
 from rlforge.config import format_config
-from rlforge.config.common import hf_model_only
 from rlforge.config.sharding import batch_layout
 from rlforge.engine.balance import balance_across_ranks, seqlen_metrics
-from rlforge.errors import ConfigError, RLForgeError
-from rlforge.launch import under_launcher
+from rlforge.errors import RLForgeError
 from rlforge.perf.flops import device_peak_flops
 from rlforge.perf.memory import StageMemory, memory_metrics
 from rlforge.perf.monitor import PerfMonitor
@@ -61,12 +58,10 @@ from rlforge.perf.timer import timed
 from rlforge.rewards.model_reward import reward_metrics
 from rlforge.rollout import SamplingParams
 from rlforge.tracking import Tracking, check_loggers, rotate_metrics_file
-from rlforge.trainer import checkpoint as ckpt
-from rlforge.trainer import spmd
+from rlforge.trainer import ppo_state, spmd
 from rlforge.trainer.backoff import install_backoff
 from rlforge.trainer.build import Job, build_job
-from rlforge.trainer.checkpointer import Checkpointer, Role
-from rlforge.trainer.dcp_io import is_sharded, load_into
+from rlforge.trainer.checkpointer import Checkpointer
 from rlforge.trainer.dynamic_sampling import kept_groups, select_groups, sequence_metric
 from rlforge.trainer.metrics import (
     data_metrics,
@@ -78,10 +73,8 @@ from rlforge.trainer.metrics import (
 from rlforge.trainer.on_policy import skips_old_log_prob
 from rlforge.trainer.oom import oom_guard
 from rlforge.trainer.partial_rollout import PartialRollout
-from rlforge.trainer.resume_config import apply_optim_settings, check_resume_config, optim_settings
 from rlforge.trainer.reward_components import gdpo_metrics, reward_components
 from rlforge.trainer.run_folder import check_run_folder, interrupted_message, record_config
-from rlforge.trainer.run_lock import RunLock
 from rlforge.trainer.run_lock import acquire as acquire_run_lock
 from rlforge.trainer.sample_shards import StepSharding
 from rlforge.trainer.validation import validate
@@ -94,31 +87,6 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
 
     out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     return out if isinstance(out, dict) else {}
-
-
-def _take_run_lock(t: Any) -> tuple[RunLock | None, list[Path]]:
-    """``trainer.default_local_dir``, created, and its run lock (:mod:`rlforge.trainer.run_lock`);
-    None on ranks other than 0 of a launched run (rank 0 holds it for all).  Also the folders this
-    created (deepest first), which a run that fails before it starts removes again if still empty."""
-    folder = Path(t.default_local_dir).absolute()
-    made = [p for p in (folder, *folder.parents) if not p.exists()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"trainer.default_local_dir={t.default_local_dir}: cannot create it ({e.strerror or e})") from None
-    on_existing = str(t.on_existing_run)
-    if under_launcher() and int(os.environ.get("RANK", "0") or 0) != 0:
-        return None, []
-    return acquire_run_lock(t.default_local_dir, on_existing), made
-
-
-def _remove_if_empty(folders: list[Path]) -> None:
-    """rmdir each folder (deepest first) that is empty; stop at the first that is not."""
-    for p in folders:
-        try:
-            p.rmdir()
-        except OSError:
-            return
 
 
 def seed_everything(seed: int) -> None:
@@ -138,13 +106,13 @@ class PPOTrainer:
     def __init__(self, cfg: Any, loggers: list[str]) -> None:
         self.cfg = cfg
         check_loggers(loggers)  # a missing logger package fails before the model loads
-        self.lock, made = _take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
+        self.lock, made = ppo_state.take_run_lock(cfg.trainer)  # before anything is built: a second run stops at once
         try:
             self._settle_folder()  # another run's output in the folder: stop, or a fresh sub-folder (disable)
             self._setup(loggers)
         except BaseException:
             self._release_lock()
-            _remove_if_empty(made)  # a run that never started leaves no empty folder behind
+            ppo_state.remove_if_empty(made)  # a run that never started leaves no empty folder behind
             raise
 
     def _setup(self, loggers: list[str]) -> None:
@@ -200,115 +168,12 @@ class PPOTrainer:
             self.lock.release()
             self.lock = None
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints (rlforge.trainer.ppo_state)
     def _resume(self) -> None:
-        """Restore the checkpoint that ``trainer.resume_mode`` names (verified against its manifest,
-        its config compared with this run's: :mod:`rlforge.trainer.resume_config`)."""
-        t = self.cfg.trainer
-        fallback = bool(t.resume_fallback)
-        path = ckpt.pick_checkpoint(t.resume_mode, self.out_dir, t.resume_from_path, fallback) if self.rank == 0 else None
-        path = self._rank0(path)
-        if path is None:
-            return
-        changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(self.cfg))
-        reference = self.job.rollout_shapes  # full shapes (a TP rollout holds slices)
-        self._restore_role(self.job.actor.engine, path, "actor", "actor_rollout_ref.model", reference)
-        self.job.sync_rollout()  # the rollout's own copy of the policy gets the restored weights
-        if self.job.critic is not None:
-            self._restore_role(self.job.critic.engine, path, "critic", "critic.model")
-        state = ckpt.load_part(path, "trainer_state")
-        self.global_step = int(state["global_step"])
-        self.job.train_loader.load_state_dict(state["dataloader"])
-        if self.partial is not None and "partial_rollout" in state:  # the carried-over responses, exactly
-            self.partial.load_state_dict(state["partial_rollout"])
-        if not any(c.key.startswith("algorithm.kl_ctrl.") for c in changes):  # else it restarts from the new keys
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        rng = ckpt.rank_rng(state, self.rank, self.world_size)
-        if rng is not None:
-            ckpt.set_rng_state(rng)
-        line = f"resumed from {path} at step {self.global_step}"
-        if changes:
-            line += f"; changed since that checkpoint, taking effect now: {'; '.join(str(c) for c in changes)}"
-        if self.rank == 0:
-            print(line, flush=True)
-
-    @staticmethod
-    def _restore_role(engine: Any, path: Path, name: str, model_key: str,
-                      reference: dict[str, tuple[int, ...]] | None = None) -> None:
-        """One role's model, optimizer and schedule from ``path`` (sharded or full format), with this run's
-        optimizer settings (lr, schedule, weight decay, betas) taking effect over the saved ones."""
-        fresh = optim_settings(engine)
-        if is_sharded(path, name):
-            load_into(engine, path / name, model_key, reference)
-        else:
-            ckpt.restore(engine, path, name, model_key, reference)
-        apply_optim_settings(engine, fresh)
+        ppo_state.resume(self)
 
     def _save(self) -> None:
-        """A checkpoint at ``trainer.save_freq`` (:class:`~rlforge.trainer.checkpointer.Checkpointer`: sharded,
-        asynchronous per role with ``<role>.checkpoint.async_save``); with ``actor.checkpoint.save_contents=[hf_model]``
-        alone, only the policy's Hugging Face folder (:func:`rlforge.config.common.hf_model_only`)."""
-        actor_ckpt = self.cfg.actor_rollout_ref.actor.checkpoint
-        if hf_model_only(actor_ckpt.save_contents):
-            self.checkpointer.wait()  # an export-only save never overtakes a checkpoint in flight
-            model = self._full_actor_state()
-            if self.rank == 0:
-                ckpt.save_checkpoint(self.out_dir, self.global_step, {}, self.cfg.trainer.max_actor_ckpt_to_keep,
-                                     self._exports(model), config=format_config(self.cfg), resumable=False)
-            spmd.barrier()
-            return
-        lora = {"lora": self.job.actor_lora.state()} if self.job.actor_lora is not None else {}  # for `rlforge export`
-        roles = {"actor": Role(self.job.actor.engine, bool(actor_ckpt.async_save), lora)}
-        if self.job.critic is not None:
-            roles["critic"] = Role(self.job.critic.engine, bool(self.cfg.critic.checkpoint.async_save))
-        exports = self._exports(self._full_actor_state()) if "hf_model" in actor_ckpt.save_contents else {}
-        trainer_state = {
-            "global_step": self.global_step,
-            "dataloader": self.job.train_loader.state_dict(),
-            "kl_ctrl": self.kl_ctrl.state_dict(),
-            "rng": ckpt.rng_state(),
-            "world_size": self.world_size,
-        }
-        if self.partial is not None:
-            trainer_state["partial_rollout"] = self.partial.state_dict()
-        self.checkpointer.save(self.out_dir, self.global_step, roles, trainer_state, config=format_config(self.cfg),
-                               exports=exports, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
-
-    def _full_actor_state(self) -> dict[str, Any]:
-        """The policy's full (gathered, CPU, master-dtype) model state for ``hf_model`` (a collective; rank 0's
-        is whole; a LoRA run's: the adapter)."""
-        return self.job.actor.engine.state_dict()["model"]
-
-    def _exports(self, model_state: dict[str, Any]) -> dict[str, Any]:
-        """``hf_model`` in ``actor.checkpoint.save_contents``: a Hugging Face folder of the policy
-        (``actor/huggingface``; with LoRA a peft adapter folder) with the tokenizer; a policy loss's log Z head only
-        where its hooks ask for it (``exports_extra_modules``).  The weights come from the engine's full
-        (gathered, CPU, master-dtype) ``model_state``, not from the rollout's compute-dtype copy."""
-        actor_cfg = self.cfg.actor_rollout_ref.actor
-        if "hf_model" not in actor_cfg.checkpoint.save_contents:
-            return {}
-        lm, tok = self.job.rollout_model, self.job.tokenizer
-        wrapped = any(k.startswith("log_z_head.") for k in model_state)  # PolicyWithLogZ: lm.* and log_z_head.*
-        lm_state = {k[3:]: v for k, v in model_state.items() if k.startswith("lm.")} if wrapped else model_state
-        head = {k[len("log_z_head."):]: v for k, v in model_state.items() if k.startswith("log_z_head.")}
-        export_head = bool(head) and self.job.actor.hooks.exports_extras(actor_cfg)
-        plan = self.job.actor_lora
-
-        def write(folder: Path) -> None:
-            if plan is not None:  # LoRA: a peft adapter folder (PeftModel.from_pretrained(base, folder))
-                from rlforge.models.lora import write_adapter_folder
-
-                write_adapter_folder(folder, plan, lm_state)
-            else:
-                lm.save_pretrained(folder, state_dict=lm_state)
-            tok.save_pretrained(folder)
-            if export_head:
-                from safetensors.torch import save_file
-
-                save_file({k: v.detach().cpu().contiguous() for k, v in head.items()},
-                          str(folder / "log_z_head.safetensors"))
-
-        return {"actor/huggingface": write}
+        ppo_state.save(self)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:
