@@ -132,7 +132,7 @@ step_tail() {  # issue 41: partial rollout against the synchronous trainer, as a
   # on the long-tail workload and the fixed-length one; interleaved repetitions, the same weights
   local lw
   for lw in ${TAIL_LENGTHS:-lognormal fixed}; do
-    timeout -k 5 ${TAIL_LIMIT:-600} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl \
+    timeout -k 5 ${TAIL_LIMIT:-$((600 * ${REPSTAIL:-2}))} python3 benchmarks/e2e_grpo.py --tokenizer .tok --skip-trl \
       --models ${TAIL_MODELS:-qwen2.5-0.5b qwen2.5-1.5b} --lengths $lw --rlforge-setups rlforge-auto,rlforge-auto-partial \
       --reps ${REPSTAIL:-2} --out /tmp/tail_$lw > "$OUT/tail_$lw.txt" 2>&1
     cp /tmp/tail_$lw/*.md "$OUT"/tail_$lw.md 2>/dev/null
