@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -90,16 +91,35 @@ def _non_finite_floats(node: Any, prefix: str) -> list[tuple[str, float]]:
     return bad
 
 
-def check_ranges(cfg: Any) -> None:
-    """Raise :class:`ConfigError` for the first non-finite float or out-of-range value."""
+SFT_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "optim.lr": (lambda v: v >= 0, ">= 0"),
+    "optim.weight_decay": (lambda v: v >= 0, ">= 0"),
+    "optim.lr_warmup_steps_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "optim.clip_grad": (lambda v: v >= 0, ">= 0 (0 = no clipping)"),
+}
+"""The SFT trainer's (:class:`rlforge.config.sft.SFTConfig`) optimizer keys, as the RL actor's above."""
+
+
+def check_ranges(cfg: Any, ranges: dict[str, tuple[Callable[[Any], bool], str]] | None = None) -> None:
+    """Raise :class:`ConfigError` for the first non-finite float or out-of-range value (``ranges``: the
+    config's table, :data:`RANGES` for the RL config, :data:`SFT_RANGES` for the SFT one)."""
     bad = _non_finite_floats(cfg, "")
     if bad:
         key, value = bad[0]
         raise ConfigError(f"{key}={value}: must be a finite number")
-    for key, (ok, valid) in RANGES.items():
+    for key, (ok, valid) in (RANGES if ranges is None else ranges).items():
         value = _get(cfg, key)
         if value is not None and not ok(value):
             raise ConfigError(f"{key}={value}: must be {valid}")
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device(device: str) -> None:
+    """``trainer.device``: raises ConfigError unless it is auto, cpu, cuda or cuda:<index>."""
+    if not _DEVICE.match(str(device)):
+        raise ConfigError(f"trainer.device={device!r}: expected auto, cpu, cuda or cuda:<index>")
 
 
 def check_model_len(cfg: Any) -> None:

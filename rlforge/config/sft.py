@@ -22,6 +22,7 @@ from typing import Any
 from rlforge.config.actor import DEFAULT_MODEL
 from rlforge.config.common import FSDPConfig
 from rlforge.config.data import BuiltinTaskConfig
+from rlforge.config.ranges import SFT_RANGES, check_device, check_ranges
 from rlforge.config.sft_engine_check import check_sft_engine
 from rlforge.errors import ConfigError, RLForgeWarning
 
@@ -247,6 +248,8 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
         ConfigError: naming the key and the fix.
     """
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.trainer
+    check_ranges(cfg, SFT_RANGES)  # every float finite; the optimizer's keys in range, as the RL actor's
+    check_device(t.device)
     _check_choice("data.truncation", d.truncation, TRUNCATION)
     _check_choice("model.strategy", m.strategy, STRATEGIES)
     _check_choice("optim.lr_scheduler_type", o.lr_scheduler_type, SCHEDULES)

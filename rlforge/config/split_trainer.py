@@ -36,10 +36,21 @@ def split_trainer_batch(cfg: Any) -> None:
     _partial_rollout_off(cfg)
     if cfg.data.train_batch_size != 0:
         return
-    require = int(verl.get("async_training.require_batches", REQUIRE_BATCHES_DEFAULT) or REQUIRE_BATCHES_DEFAULT)
+    require = _require_batches(verl.get("async_training.require_batches"))
     mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
     cfg.data.train_batch_size = require * mini
     setattr(cfg, _ATTR, (require, mini))
+
+
+def _require_batches(value: Any) -> int:
+    """``async_training.require_batches`` (null: verl's default, 1); raises ConfigError unless a whole number >= 1."""
+    if value is None:
+        return REQUIRE_BATCHES_DEFAULT
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"async_training.require_batches={value!r}: must be a whole number >= 1 (the mini-batches "
+                          "of actor_rollout_ref.actor.ppo_mini_batch_size prompts that make a step's batch when "
+                          "data.train_batch_size=0)")
+    return value
 
 
 _OFF_ATTR = "_rlforge_split_partial_off"

@@ -10,7 +10,6 @@ Deviation from verl: verl requires one of ``ppo_micro_batch_size`` /
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ from rlforge.config.later_work import later_work_warnings
 from rlforge.config.lora import adapter_path_overrides, check_lora_keys, lora_enabled
 from rlforge.config.parallel_dims import parallel_dims
 from rlforge.config.precision import check_precision_and_offload
-from rlforge.config.ranges import check_model_len, check_ranges, check_token_budgets
+from rlforge.config.ranges import check_device, check_model_len, check_ranges, check_token_budgets
 from rlforge.config.reward import check_model_reward
 from rlforge.config.rollout_correction_check import check_config as check_rollout_correction
 from rlforge.config.rollout_correction_check import is_enabled as rollout_correction_on
@@ -58,7 +57,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 """Keys whose value must be one of a fixed set (registry-backed keys are checked by their registry)."""
 
 _GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk")
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def uses_ref(cfg: RLForgeConfig) -> bool:
@@ -104,8 +102,7 @@ def validate_config(cfg: RLForgeConfig) -> list[str]:
     if gen is not None and cfg.algorithm.filter_groups.enable and (gen <= 0 or (world.size > 1 and gen % world.size)):
         raise ConfigError(f"data.gen_batch_size={gen} must be positive and divisible by the {world.size} ranks "
                           f"({world.source}): each rank generates an equal share of every generation batch")
-    if not _DEVICE.match(cfg.trainer.device):
-        raise ConfigError(f"trainer.device={cfg.trainer.device!r}: expected auto, cpu, cuda or cuda:<index>")
+    check_device(cfg.trainer.device)
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
     if actor.clip_ratio_c <= 1.0:

@@ -178,3 +178,17 @@ def test_a_micro_batch_larger_than_the_batch_is_refused_as_verl_refuses_it():
     with pytest.raises(ConfigError, match=r"\(data\.train_batch_size=8 over 4 ranks = 2 per rank\)"):
         check_micro_batch(cfg.data, world=4)
     load(["data.micro_batch_size_per_gpu=4", "data.train_batch_size=2"])  # token-budget micro-batches: unused
+
+
+@pytest.mark.parametrize("value, says", [
+    ("optim.lr=nan", "optim.lr=nan: must be a finite number"),  # was: a traceback from torch's AdamW
+    ("optim.lr=.inf", "optim.lr=inf: must be a finite number"),  # was: a saved all-NaN model, exit 0
+    ("optim.weight_decay=-1", "optim.weight_decay=-1.0: must be >= 0"),
+    ("optim.lr_warmup_steps_ratio=2", "optim.lr_warmup_steps_ratio=2.0: must be in [0, 1]"),  # was: lr 0
+    ("optim.clip_grad=-1", "optim.clip_grad=-1.0: must be >= 0"),  # was: accepted
+    ("trainer.device=tpu", "trainer.device='tpu': expected auto, cpu, cuda or cuda:<index>"),  # was: a traceback
+])
+def test_optimizer_values_and_the_device_are_checked_as_in_the_rl_config(value, says):
+    with pytest.raises(ConfigError) as e:
+        load_sft_config(["model.path=preset:tiny", value])
+    assert str(e.value).startswith(says)

@@ -12,6 +12,7 @@ import pytest
 from verl_examples_harness import run_entry
 
 from rlforge.config import load_config, validate_config
+from rlforge.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "verl_split_examples.json"
 REFUSED = {
@@ -60,6 +61,14 @@ def test_a_zero_train_batch_takes_the_fully_async_trainers_step_and_partial_roll
     assert any(w.startswith("async_training.partial_rollout=true (verl's fully-async trainer): rlforge's partial "
                             "rollout is off for this run, because it runs in one process in this build, and this "
                             "run has 4") for w in warnings)
+
+
+@pytest.mark.parametrize("value", ["abc", "[1,2]", "2.5", "0", "-1", "true"])
+def test_a_require_batches_that_is_no_whole_number_above_zero_is_one_error(value):
+    """Before: a traceback (abc, a list), 2.5 truncated to 2, 0 read as 1, -1 blamed on a computed batch of -2."""
+    with pytest.raises(ConfigError, match=r"^async_training\.require_batches=.*: must be a whole number >= 1"):
+        load_config(["data.train_batch_size=0", f"async_training.require_batches={value}",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=2"])
 
 
 def test_without_verls_split_keys_the_same_values_stay_errors(monkeypatch):
