@@ -88,7 +88,8 @@ def shape_from_hf(c: dict[str, Any], min_vocab: int = 0) -> ModelShape:
 
 
 def model_shape(path: str, min_vocab: int = 0) -> ModelShape:
-    """The shape of ``actor_rollout_ref.model.path``: ``preset:NAME`` or a folder with ``config.json``.
+    """The shape of ``actor_rollout_ref.model.path``: ``preset:NAME``, a folder with ``config.json``, or what
+    the model loader reads (the default model's name, a ``.gguf`` file, a Hub id in the cache: its folder).
 
     Raises:
         ConfigError: an unknown preset, or a path without a readable ``config.json``.
@@ -101,7 +102,7 @@ def model_shape(path: str, min_vocab: int = 0) -> ModelShape:
             raise ConfigError(f"model path {path}: unknown preset; presets: {', '.join(PRESETS)}")
         cls, kw = PRESETS[name]
         return shape_from_hf({**kw, "model_type": getattr(cls, "model_type", "")}, max(min_vocab, 1))
-    file = Path(path).expanduser() / "config.json"
+    file = _hf_config_file(path)
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as e:
@@ -110,3 +111,19 @@ def model_shape(path: str, min_vocab: int = 0) -> ModelShape:
         return shape_from_hf(data, min_vocab)
     except KeyError as e:
         raise ConfigError(f"{file}: no {e.args[0]} (the tuner models decoder-only transformers)") from None
+
+
+def _hf_config_file(path: str) -> Path:
+    """``config.json`` of the model at ``path``: in the folder itself, else in the folder the model loader
+    reads for it (:func:`rlforge.models.loader.resolve_source`; a GGUF file is converted once, as training
+    would at its start).  A path the loader cannot resolve keeps the plain folder's file (its error names it)."""
+    file = Path(path).expanduser() / "config.json"
+    if file.is_file():
+        return file
+    from rlforge.errors import ModelError
+    from rlforge.models.loader import _hf_folder, resolve_source
+
+    try:
+        return Path(_hf_folder(resolve_source(path))) / "config.json"
+    except ModelError:
+        return file
