@@ -65,7 +65,7 @@ def resume(tr: Any) -> None:
     t = tr.cfg.trainer
     fallback = bool(t.resume_fallback)
     path = ckpt.pick_checkpoint(t.resume_mode, tr.out_dir, t.resume_from_path, fallback) if tr.rank == 0 else None
-    path = spmd.gather_objects(path)[0] if tr.world_size > 1 else path  # rank 0's choice on every rank
+    path = tr._rank0(path)  # rank 0's choice on every rank
     if path is None:
         return
     changes = check_resume_config(path, ckpt.CONFIG_FILE, format_config(tr.cfg))
